@@ -1,0 +1,53 @@
+"""Shared fixtures: real models (a tiny one made here, the demo pair), real repositories, real servers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def make_tiny_llama(path: Path, vocab: int = 12, layers: int = 2, seed: int = 0) -> Path:
+    """A small random Llama the tests make themselves: real model code, milliseconds per forward."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # sharpen the output layer so distributions are far from uniform
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-target"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tmp_path_factory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-draft"), layers=1, seed=1)
+
+
+@pytest.fixture(scope="session")
+def demo_pair():
+    from trtspec.demo_pair import prepare_demo_pair
+
+    return prepare_demo_pair()

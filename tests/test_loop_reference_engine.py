@@ -1,0 +1,185 @@
+"""The loop driving the reference engine in-process (no Triton): exactness, sampling, KV reuse.
+
+The same SpeculativeLoop runs inside Triton; here `call` goes straight to ReferenceEngine objects,
+which lets the statistical test draw thousands of samples in seconds.
+"""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from trtspec.loop import EngineCallError, LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
+from trtspec.reference_engine import EngineRequest, ReferenceEngine
+from trtspec.speculative import SamplingParams, probabilities
+
+
+def _engine_call(engines):
+    """Tensor-level calls like the BLS makes, decoded as the Triton adapter decodes them."""
+
+    def call(model, t, wanted):
+        if model not in engines:
+            raise EngineCallError(f"{model} is not ready")
+        scalar = lambda n, d=None: (t[n].reshape(-1)[0].item() if n in t else d)  # noqa: E731
+        top_p = scalar("runtime_top_p", 0.0)
+        req = EngineRequest(
+            input_ids=t["input_ids"].reshape(-1).tolist(),
+            output_len=int(scalar("request_output_len")),
+            draft_ids=t["draft_input_ids"].reshape(-1).tolist() if "draft_input_ids" in t else None,
+            draft_logits=t["draft_logits"].reshape(-1, t["draft_logits"].shape[-1]) if "draft_logits" in t else None,
+            end_id=scalar("end_id"),
+            sampling=SamplingParams(scalar("temperature", 0.0), int(scalar("runtime_top_k", 0)), top_p or 1.0),
+            seed=scalar("seed"),
+            min_tokens=int(scalar("min_tokens", 0)),
+            return_generation_logits=bool(scalar("return_generation_logits", False)),
+        )
+        r = engines[model].run(req)
+        out = {"output_ids": np.array([[r.tokens]], dtype=np.int32), "sequence_length": np.array([[len(r.tokens)]])}
+        if r.generation_logits is not None:
+            out["generation_logits"] = r.generation_logits[None, None]
+        return out
+
+    return call
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_target, tiny_draft):
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: thread hand-off costs more than the math
+    yield {
+        "tensorrt_llm": ReferenceEngine(tiny_target, device="cpu", salt=1),
+        "tensorrt_llm_draft": ReferenceEngine(tiny_draft, device="cpu", salt=2),
+    }
+    torch.set_num_threads(threads)
+
+
+def _run(loop, **kw):
+    chunks = list(loop.run(LoopRequest(**kw)))
+    assert chunks[-1].final
+    return [t for c in chunks for t in c.new_tokens], chunks[-1].stats
+
+
+PROMPTS = [[0, 3, 4], [0, 5], [0, 2, 2, 7, 9], [0, 11, 10, 3], [0, 6, 8, 4, 4, 4]]
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_speculative_equals_target_only(engines, k):
+    spec = SpeculativeLoop(LoopSettings(max_draft_len=8), _engine_call(engines))
+    base = SpeculativeLoop(LoopSettings(draft_disabled=True), _engine_call(engines))
+    for prompt in PROMPTS:
+        want, _ = _run(base, prompt=prompt, max_tokens=20)
+        got, stats = _run(spec, prompt=prompt, max_tokens=20, num_draft_tokens=k)
+        assert got == want
+        assert len(got) == 20
+        assert stats.num_iterations < 20 or stats.num_accepted_tokens == 0
+
+
+def test_target_as_own_draft_accepts_everything(engines):
+    same = {"tensorrt_llm": engines["tensorrt_llm"], "tensorrt_llm_draft": engines["tensorrt_llm"]}
+    loop = SpeculativeLoop(LoopSettings(), _engine_call(same))
+    tokens, stats = _run(loop, prompt=[0, 3, 4], max_tokens=21, num_draft_tokens=4)
+    assert stats.acceptance_rate == 1.0
+    assert stats.num_iterations == 5  # 4 accepted + 1 bonus per target call: 21 tokens in 5 calls
+    assert stats.accepted_per_pos == [4, 4, 4, 4]
+
+
+def test_end_id_stops_and_is_not_output(engines):
+    base = SpeculativeLoop(LoopSettings(draft_disabled=True), _engine_call(engines))
+    full, _ = _run(base, prompt=[0, 3, 4], max_tokens=20)
+    end = full[5]
+    cut, _ = _run(base, prompt=[0, 3, 4], max_tokens=20, end_id=end)
+    assert cut == full[: full.index(end)]
+    spec = SpeculativeLoop(LoopSettings(), _engine_call(engines))
+    assert _run(spec, prompt=[0, 3, 4], max_tokens=20, end_id=end, num_draft_tokens=3)[0] == cut
+
+
+def test_stop_words_stop_generation(engines):
+    base = SpeculativeLoop(LoopSettings(draft_disabled=True), _engine_call(engines))
+    full, _ = _run(base, prompt=[0, 5], max_tokens=20)
+    stop = full[6:8]
+    spec = SpeculativeLoop(LoopSettings(), _engine_call(engines))
+    got, _ = _run(spec, prompt=[0, 5], max_tokens=20, stop_words=[stop], num_draft_tokens=4)
+    first = next(i for i in range(len(full) - 1) if full[i : i + 2] == stop)
+    assert got == full[: first + 2]
+
+
+def test_draft_failure_falls_back_to_target_only(engines):
+    only_target = {"tensorrt_llm": engines["tensorrt_llm"]}
+    base = SpeculativeLoop(LoopSettings(draft_disabled=True), _engine_call(engines))
+    spec = SpeculativeLoop(LoopSettings(), _engine_call(only_target))
+    want, _ = _run(base, prompt=[0, 2, 2], max_tokens=12)
+    got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=12, num_draft_tokens=3)
+    assert got == want and stats.num_fallbacks == 1 and stats.num_draft_tokens == 0
+
+
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(prompt=[], max_tokens=4), "empty"),
+        (dict(prompt=[0, 1], max_tokens=0), "max_tokens"),
+        (dict(prompt=[0, 1], max_tokens=4, num_draft_tokens=9), "max_draft_len"),
+        (dict(prompt=[0] * 60, max_tokens=8), "max_input_len"),
+        (dict(prompt=[0, 1], max_tokens=4, draft_source="magic"), "draft_source"),
+    ],
+)
+def test_bad_requests_are_rejected_with_a_reason(engines, kw, msg):
+    loop = SpeculativeLoop(LoopSettings(max_draft_len=8, max_input_len=64), _engine_call(engines))
+    with pytest.raises(LoopRequestError, match=msg):
+        list(loop.run(LoopRequest(**kw)))
+
+
+def test_prefix_kv_cache_is_reused(tiny_target):
+    eng = ReferenceEngine(tiny_target, device="cpu")
+    seq = [0, 3, 4, 5, 6, 7, 8, 9, 2, 3]
+    r1 = eng.run(EngineRequest(input_ids=seq, output_len=1))
+    assert r1.reused_tokens == 0 and r1.computed_tokens == len(seq)
+    r2 = eng.run(EngineRequest(input_ids=r1.tokens, output_len=1, draft_ids=[4, 5]))
+    assert r2.reused_tokens == len(seq)  # only the new token and the draft are computed
+    assert r2.computed_tokens == 3
+    # the cached result is the same as a fresh computation
+    fresh = ReferenceEngine(tiny_target, device="cpu")
+    assert fresh.run(EngineRequest(input_ids=r1.tokens, output_len=1, draft_ids=[4, 5])).tokens == r2.tokens
+
+
+def _exact_two_token_distribution(engine, prompt, params):
+    """P(t1, t2 | prompt) of the target alone, computed from its logits."""
+    import torch
+
+    V = engine.vocab_size
+    with torch.no_grad():
+        l1 = engine.model(torch.tensor([prompt])).logits[0, -1].numpy()
+        p1 = probabilities(l1, params)
+        batch = torch.tensor([prompt + [t] for t in range(V)])
+        l2 = engine.model(batch).logits[:, -1].numpy()
+    p2 = probabilities(l2, params)
+    return (p1[:, None] * p2).reshape(-1)
+
+
+@pytest.mark.parametrize("use_draft_logits", [True, False])
+def test_sampling_preserves_target_distribution(engines, use_draft_logits):
+    """Chi-square over all two-token continuations: speculative sampling == the target's distribution."""
+    params = SamplingParams(temperature=1.0)
+    prompt = [0, 3, 4]
+    expected = _exact_two_token_distribution(engines["tensorrt_llm"], prompt, params)
+    V = engines["tensorrt_llm"].vocab_size
+    loop = SpeculativeLoop(LoopSettings(), _engine_call(engines))
+    n = 2000
+    counts = Counter()
+    accepted = 0
+    for _ in range(n):
+        tokens, stats = _run(
+            loop, prompt=prompt, max_tokens=2, num_draft_tokens=1, temperature=1.0, use_draft_logits=use_draft_logits
+        )
+        counts[tokens[0] * V + tokens[1]] += 1
+        accepted += stats.num_accepted_tokens
+    keep = expected * n >= 5  # chi-square needs expected counts >= 5; pool the rest
+    observed = np.array([counts[i] for i in range(V * V)], dtype=float)
+    obs = np.append(observed[keep], observed[~keep].sum())
+    exp = np.append(expected[keep] * n, expected[~keep].sum() * n)
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    assert chisquare(obs, exp).pvalue > 1e-3
+    assert accepted > 0  # the draft really took part

@@ -1,0 +1,456 @@
+"""Offline inspection of Hugging Face checkpoints, and the draft/target pair check.
+
+Nothing here loads weights or imports a model library: parameter counts come from ``config.json``
+(a llama-style formula: GQA, tied embeddings, biases, MoE experts) or, when the config does not describe
+a decoder we know, from the *headers* of the safetensors files (8-byte length + JSON; tensors are never
+read). The tokenizer fingerprint is a sha256 over the normalized vocabulary, merges and added/special
+tokens, so two checkpoints that map token ids to the same strings get the same fingerprint even when
+their ``tokenizer.json`` differ in formatting or unrelated fields.
+
+Why the pair check matters (``shared/docs/trtllm-spec.md`` §5 #6): the speculative loop feeds
+*target*-tokenizer ids to the draft. A draft with another vocabulary yields near-zero acceptance, and
+with draft logits TensorRT-LLM fails with "Incompatible buffer sizes" (TRTLLM#2789).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
+
+# The draft should be much cheaper than the target; above this ratio speculation rarely pays off.
+DRAFT_SIZE_WARN_RATIO = 1 / 3
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "special_tokens_map.json",
+    "tokenizer_config.json",
+)
+
+
+class CheckpointError(Exception):
+    """A checkpoint directory that cannot be inspected; the message is meant for the user."""
+
+
+@dataclass
+class CheckpointInfo:
+    path: Path
+    architecture: str | None
+    model_type: str | None
+    num_params: int | None
+    params_source: str | None  # "config" | "safetensors" | None
+    torch_dtype: str | None
+    vocab_size: int | None  # config.json
+    tokenizer_vocab_size: int | None  # distinct ids in the tokenizer (vocab + added tokens)
+    hidden_size: int | None
+    num_layers: int | None
+    num_attention_heads: int | None
+    num_kv_heads: int | None
+    head_dim: int | None
+    intermediate_size: int | None
+    max_position_embeddings: int | None
+    tie_word_embeddings: bool
+    tokenizer_fingerprint: str | None
+    tokenizer_files: list[str] = field(default_factory=list)
+    weights_bytes_on_disk: int = 0
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def embedding_params(self) -> int:
+        """Parameters of one vocab x hidden matrix (the embedding; the LM head has as many)."""
+        if self.vocab_size and self.hidden_size:
+            return self.vocab_size * self.hidden_size
+        return 0
+
+    @property
+    def engine_params(self) -> int | None:
+        """Parameters TensorRT-LLM stores: a tied LM head is materialized as its own matrix."""
+        if self.num_params is None:
+            return None
+        return self.num_params + (self.embedding_params if self.tie_word_embeddings else 0)
+
+    def kv_bytes_per_token(self, dtype_bytes: int, tp: int = 1, pp: int = 1) -> int | None:
+        """KV-cache bytes one token occupies on one GPU of a tp x pp layout."""
+        if not (self.num_layers and self.num_kv_heads and self.head_dim):
+            return None
+        layers = math.ceil(self.num_layers / pp)
+        kv_heads = max(1, math.ceil(self.num_kv_heads / tp))  # fewer kv heads than ranks: replicated
+        return 2 * layers * kv_heads * self.head_dim * dtype_bytes
+
+    def summary(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("config")
+        d["path"] = str(self.path)
+        return d
+
+
+@dataclass
+class PairReport:
+    target: CheckpointInfo
+    draft: CheckpointInfo
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    # (level, code, message) in the order found; preflight turns them into Findings.
+    findings: list[tuple[str, str, str]] = field(default_factory=list)  # (level, code, message)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def _add(self, level: str, code: str, message: str) -> None:
+        (self.errors if level == "error" else self.warnings).append(message)
+        self.findings.append((level, code, message))
+
+
+# ----------------------------------------------------------------------------------------- inspection
+
+
+def inspect_checkpoint(path: str | Path) -> CheckpointInfo:
+    """Read a HF checkpoint directory (config.json, tokenizer files, safetensors headers) offline."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory not found: {path}")
+    if not cfg_file.is_file():
+        raise CheckpointError(f"no config.json in {path}; expected a Hugging Face checkpoint directory")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{cfg_file}: cannot read it as JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{cfg_file}: expected a JSON object")
+    # Multimodal wrappers keep the decoder in text_config.
+    c = raw
+    if "hidden_size" not in raw and isinstance(raw.get("text_config"), dict):
+        c = {**raw["text_config"], **{k: v for k, v in raw.items() if k in ("architectures", "torch_dtype")}}
+
+    archs = raw.get("architectures") or []
+    hidden = _int(c.get("hidden_size"))
+    heads = _int(c.get("num_attention_heads"))
+    kv_heads = _int(c.get("num_key_value_heads")) or heads
+    head_dim = _int(c.get("head_dim")) or (hidden // heads if hidden and heads else None)
+    tied = bool(c.get("tie_word_embeddings", raw.get("tie_word_embeddings", False)))
+
+    params = _params_from_config(c, tied)
+    source = "config" if params is not None else None
+    if params is None:
+        params = _params_from_safetensors(path)
+        source = "safetensors" if params is not None else None
+
+    tok_size, fingerprint, tok_files = tokenizer_identity(path)
+    return CheckpointInfo(
+        path=path,
+        architecture=archs[0] if archs else None,
+        model_type=raw.get("model_type"),
+        num_params=params,
+        params_source=source,
+        torch_dtype=raw.get("torch_dtype") or raw.get("dtype") or c.get("torch_dtype"),
+        vocab_size=_int(c.get("vocab_size")),
+        tokenizer_vocab_size=tok_size,
+        hidden_size=hidden,
+        num_layers=_int(c.get("num_hidden_layers")),
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=_int(c.get("intermediate_size")),
+        max_position_embeddings=_int(c.get("max_position_embeddings")),
+        tie_word_embeddings=tied,
+        tokenizer_fingerprint=fingerprint,
+        tokenizer_files=tok_files,
+        weights_bytes_on_disk=sum(p.stat().st_size for p in _weight_files(path)),
+        config=raw,
+    )
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def _params_from_config(c: dict[str, Any], tied: bool) -> int | None:
+    """Llama-style decoder parameter count: embeddings, attention (GQA), gated MLP (or MoE), norms, head."""
+    hidden, layers = _int(c.get("hidden_size")), _int(c.get("num_hidden_layers"))
+    heads, inter, vocab = _int(c.get("num_attention_heads")), _int(c.get("intermediate_size")), _int(c.get("vocab_size"))
+    if not all((hidden, layers, heads, inter, vocab)):
+        return None
+    kv_heads = _int(c.get("num_key_value_heads")) or heads
+    head_dim = _int(c.get("head_dim")) or hidden // heads
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    mt = c.get("model_type", "")
+
+    attn = hidden * q_dim + 2 * hidden * kv_dim + q_dim * hidden
+    if c.get("attention_bias"):  # llama-style: q, k, v and o biases
+        attn += q_dim + 2 * kv_dim + hidden
+    elif mt in ("qwen2", "qwen2_moe"):  # Qwen2 has q/k/v biases and no o bias
+        attn += q_dim + 2 * kv_dim
+
+    mlp = 3 * hidden * inter + (2 * inter + hidden if c.get("mlp_bias") else 0)
+    experts = _int(c.get("num_local_experts")) or _int(c.get("num_experts"))
+    if experts:
+        expert_inter = _int(c.get("moe_intermediate_size")) or inter
+        mlp = experts * 3 * hidden * expert_inter + hidden * experts  # experts + router
+        shared = _int(c.get("shared_expert_intermediate_size"))
+        if shared:
+            mlp += 3 * hidden * shared + hidden
+    norms = 2 * hidden
+    per_layer = attn + mlp + norms
+    embed = vocab * hidden
+    return embed + layers * per_layer + hidden + (0 if tied else embed)
+
+
+def _weight_files(path: Path) -> list[Path]:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        files = sorted(path.glob("pytorch_model*.bin")) + sorted(path.glob("*.pt"))
+    return files
+
+
+def read_safetensors_header(file: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (tensor names, dtypes, shapes, offsets), tensors unread."""
+    with open(file, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise CheckpointError(f"{file}: too short to be a safetensors file")
+        (n,) = struct.unpack("<Q", head)
+        if n > 100 * 1024 * 1024:
+            raise CheckpointError(f"{file}: implausible safetensors header size {n}")
+        try:
+            return json.loads(f.read(n))
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{file}: bad safetensors header: {e}") from None
+
+
+def _params_from_safetensors(path: Path) -> int | None:
+    index = path / "model.safetensors.index.json"
+    files: list[Path]
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+        except (OSError, json.JSONDecodeError):
+            weight_map = {}
+        files = sorted({path / f for f in weight_map.values()})
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    files = [f for f in files if f.is_file()]
+    if not files:
+        return None
+    total = 0
+    for f in files:
+        for name, meta in read_safetensors_header(f).items():
+            if name == "__metadata__" or not isinstance(meta, dict):
+                continue
+            total += math.prod(meta.get("shape") or [1])
+    return total
+
+
+# ------------------------------------------------------------------------------------------- tokenizer
+
+
+def tokenizer_identity(path: str | Path) -> tuple[int | None, str | None, list[str]]:
+    """(number of distinct token ids, fingerprint, tokenizer files found) for a checkpoint directory."""
+    path = Path(path)
+    found = [n for n in TOKENIZER_FILES if (path / n).is_file()]
+    tj = path / "tokenizer.json"
+    if tj.is_file():
+        try:
+            raw = tj.read_bytes()
+        except OSError:
+            raw = b""
+        result = _fingerprint_tokenizer_bytes(hashlib.sha256(raw).hexdigest(), raw)
+        if result is not None:
+            return (*result, found)
+    return (*_fingerprint_legacy_files(path), found)
+
+
+_TOKENIZER_CACHE: dict[str, tuple[int | None, str] | None] = {}
+
+
+def _fingerprint_tokenizer_bytes(digest: str, raw: bytes) -> tuple[int | None, str] | None:
+    """Memoized on the file's bytes: a 128k-token tokenizer.json takes ~0.2 s to normalize."""
+    if digest not in _TOKENIZER_CACHE:
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            data = None
+        ok = isinstance(data, dict) and isinstance(data.get("model"), dict)
+        _TOKENIZER_CACHE[digest] = _fingerprint_tokenizer_json(data) if ok else None  # type: ignore[arg-type]
+    return _TOKENIZER_CACHE[digest]
+
+
+def _fingerprint_tokenizer_json(data: dict[str, Any]) -> tuple[int | None, str]:
+    model = data["model"]
+    vocab_raw = model.get("vocab")
+    ids: dict[int, str] = {}
+    if isinstance(vocab_raw, dict):  # BPE / WordPiece / WordLevel: token -> id
+        ids = {int(i): str(t) for t, i in vocab_raw.items()}
+    elif isinstance(vocab_raw, list):  # Unigram: [token, score] in id order
+        ids = {i: str(e[0] if isinstance(e, list) else e) for i, e in enumerate(vocab_raw)}
+    merges = [" ".join(m) if isinstance(m, list) else str(m) for m in (model.get("merges") or [])]
+    added = sorted(
+        (int(t["id"]), str(t.get("content")), bool(t.get("special")))
+        for t in (data.get("added_tokens") or [])
+        if isinstance(t, dict) and "id" in t
+    )
+    all_ids = set(ids) | {a[0] for a in added}
+    normalized = {
+        "model": model.get("type"),
+        "vocab": sorted(ids.items()),
+        "merges": merges,
+        "added_tokens": added,
+    }
+    return (len(all_ids) or None, _sha(normalized))
+
+
+def _fingerprint_legacy_files(path: Path) -> tuple[int | None, str | None]:
+    """vocab.json + merges.txt (GPT-2 style) or tokenizer.model (SentencePiece), plus added tokens."""
+    parts: dict[str, Any] = {}
+    size: int | None = None
+    vj, mt, sp = path / "vocab.json", path / "merges.txt", path / "tokenizer.model"
+    if vj.is_file():
+        try:
+            vocab = json.loads(vj.read_text(encoding="utf-8"))
+            parts["vocab"] = sorted((int(i), str(t)) for t, i in vocab.items())
+            size = len(vocab)
+        except (OSError, json.JSONDecodeError, ValueError, AttributeError):
+            pass
+    if mt.is_file():
+        lines = mt.read_text(encoding="utf-8", errors="replace").splitlines()
+        parts["merges"] = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#version")]
+    if sp.is_file():
+        parts["sentencepiece"] = hashlib.sha256(sp.read_bytes()).hexdigest()
+    if not parts:
+        return None, None
+    at = path / "added_tokens.json"
+    if at.is_file():
+        try:
+            added = json.loads(at.read_text(encoding="utf-8"))
+            parts["added_tokens"] = sorted((int(i), str(t)) for t, i in added.items())
+            if "vocab" in parts:
+                size = len({i for i, _ in parts["vocab"]} | {i for i, _ in parts["added_tokens"]})
+        except (OSError, json.JSONDecodeError, ValueError, AttributeError):
+            pass
+    stm = path / "special_tokens_map.json"
+    if stm.is_file():
+        try:
+            parts["special_tokens"] = json.loads(stm.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            pass
+    return size, _sha(parts)
+
+
+def _sha(obj: Any) -> str:
+    blob = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------ pair check
+
+
+def check_pair(
+    target: CheckpointInfo | str | Path, draft: CheckpointInfo | str | Path, *, use_draft_logits: bool = False
+) -> PairReport:
+    """Check that a draft can serve a target: same vocabulary and tokenizer, and clearly smaller."""
+    t = target if isinstance(target, CheckpointInfo) else inspect_checkpoint(target)
+    d = draft if isinstance(draft, CheckpointInfo) else inspect_checkpoint(draft)
+    r = PairReport(target=t, draft=d)
+
+    if t.vocab_size and d.vocab_size and t.vocab_size != d.vocab_size:
+        r._add(
+            "error",
+            "vocab-mismatch",
+            f"draft vocab_size {d.vocab_size} != target vocab_size {t.vocab_size} "
+            f"(draft {d.path}, target {t.path}): draft and target must share one vocabulary. The loop feeds "
+            "target-tokenizer ids to the draft, so acceptance collapses, and with draft logits TensorRT-LLM fails "
+            "with 'Incompatible buffer sizes'. Use a draft from the target's model family (same tokenizer).",
+        )
+    if t.tokenizer_fingerprint and d.tokenizer_fingerprint and t.tokenizer_fingerprint != d.tokenizer_fingerprint:
+        r._add(
+            "error",
+            "tokenizer-mismatch",
+            f"draft and target tokenizers differ (fingerprint {d.tokenizer_fingerprint[:12]} vs "
+            f"{t.tokenizer_fingerprint[:12]}): the same token id means different text to each model, so the draft's "
+            "guesses are mostly rejected. Use a draft trained with the target's tokenizer "
+            f"(compare tokenizer.json in {d.path} and {t.path}).",
+        )
+    for role, info in (("target", t), ("draft", d)):
+        if info.tokenizer_fingerprint is None:
+            r._add(
+                "warning",
+                "tokenizer-missing",
+                f"{role} checkpoint {info.path} has no tokenizer files (tokenizer.json, tokenizer.model or "
+                "vocab.json): cannot verify that draft and target share a tokenizer.",
+            )
+    if t.num_params and d.num_params and d.num_params > t.num_params * DRAFT_SIZE_WARN_RATIO:
+        r._add(
+            "warning",
+            "draft-too-large",
+            f"the draft has {format_params(d.num_params)} parameters, {d.num_params / t.num_params:.0%} of the "
+            f"target's {format_params(t.num_params)} (more than 1/3): each draft token then costs too much for "
+            "speculation to pay off. Pick a draft under ~1/10 of the target's size.",
+        )
+    for role, info in (("target", t), ("draft", d)):
+        if info.vocab_size and info.tokenizer_vocab_size and info.vocab_size != info.tokenizer_vocab_size:
+            if info.vocab_size > info.tokenizer_vocab_size:
+                what = (
+                    f"{role} config vocab_size {info.vocab_size} is padded beyond its tokenizer's "
+                    f"{info.tokenizer_vocab_size} tokens"
+                )
+            else:
+                what = (
+                    f"{role} config vocab_size {info.vocab_size} is smaller than its tokenizer's "
+                    f"{info.tokenizer_vocab_size} tokens (ids past the embedding will fail)"
+                )
+            advice = (
+                "speculative.use_draft_logits is on: set it to false (token-only acceptance) if requests fail"
+                if use_draft_logits
+                else "keep speculative.use_draft_logits: false (token-only acceptance)"
+            )
+            r._add(
+                "warning",
+                "padded-vocab",
+                f"{what}. Padded vocabularies are what makes draft_logits fail with 'Incompatible buffer sizes' "
+                f"in TensorRT-LLM when draft and target pad differently (TRTLLM#2789); {advice}.",
+            )
+    return r
+
+
+def format_params(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
+
+
+def format_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit, div in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def checkpoint_fingerprint(path: str | Path) -> str:
+    """A cheap identity of a checkpoint's contents: config.json and tokenizer files hashed, weight files
+    by name, size and mtime (hashing 140 GB of weights on every run is not an option)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    for name in ("config.json", "generation_config.json", "model.safetensors.index.json", *TOKENIZER_FILES):
+        f = path / name
+        if f.is_file():
+            h.update(name.encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    for f in sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin", ".pt", ".gguf")):
+        st = f.stat()
+        h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()

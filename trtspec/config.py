@@ -1,0 +1,249 @@
+"""The build config: one YAML file describes one deployment (draft + target, engines, Triton).
+
+Loading validates every field. Errors name the field path, the bad value and what is allowed,
+because a typo'd key silently ignored is how NVIDIA's templates end up half-filled.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(Exception):
+    """A build config that cannot be used; the message is meant for the user as is."""
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors: `max_draft_length:` must not be silently ignored.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EngineKind(str, Enum):
+    tensorrt_llm = "tensorrt_llm"  # TensorRT-LLM engines served by the tensorrtllm backend (GPU)
+    reference = "reference"  # the Python-backend reference engine (HF model in torch; CPU or CUDA)
+
+
+Dtype = Literal["float16", "bfloat16", "float32"]
+
+
+class ModelConfig(_Strict):
+    """One model of the pair (target or draft)."""
+
+    checkpoint: str = Field(description="HF checkpoint directory, or demo:target / demo:draft / demo:draft-untrained")
+    dtype: Dtype = "float16"
+    tp_size: Annotated[int, Field(ge=1, le=64)] = 1
+    pp_size: Annotated[int, Field(ge=1, le=64)] = 1
+    quantization: Literal["none", "fp8"] = "none"
+    gpu_device_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, description="GPUs this model runs on; default: planned by trtspec"
+    )
+    kv_cache_free_gpu_mem_fraction: Annotated[float, Field(gt=0.0, le=1.0)] | None = Field(
+        default=None, description="default: derived from the memory estimate instead of NVIDIA's fixed 0.5"
+    )
+    instance_count: Annotated[int, Field(ge=1, le=64)] = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
+
+    @model_validator(mode="after")
+    def _devices_match_parallelism(self) -> "ModelConfig":
+        if self.gpu_device_ids is not None and len(self.gpu_device_ids) != self.world_size:
+            raise ValueError(
+                f"gpu_device_ids lists {len(self.gpu_device_ids)} GPU(s) but tp_size*pp_size = {self.world_size}; "
+                f"list exactly {self.world_size} device id(s)"
+            )
+        return self
+
+
+class AdaptivePolicy(_Strict):
+    """Per-request draft length control: grow on full acceptance, shrink on rejection, pause when poor."""
+
+    min_draft_len: Annotated[int, Field(ge=1)] = 1
+    pause_below_acceptance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.2
+    window: Annotated[int, Field(ge=1, le=64)] = 4
+    probe_every: Annotated[int, Field(ge=1, le=1000)] = 8
+
+
+class SpeculativeConfig(_Strict):
+    max_draft_len: Annotated[int, Field(ge=1, le=64)] = 8
+    num_draft_tokens: Annotated[int, Field(ge=0, le=64)] = 4
+    use_draft_logits: bool = False
+    draft_length_policy: Literal["fixed", "adaptive"] = "fixed"
+    adaptive: AdaptivePolicy = AdaptivePolicy()
+    draft_source: Literal["model", "ngram", "hybrid"] = "model"
+    ngram_max: Annotated[int, Field(ge=1, le=16)] = 3
+    ngram_min: Annotated[int, Field(ge=1, le=16)] = 1
+
+    @model_validator(mode="after")
+    def _k_within_max(self) -> "SpeculativeConfig":
+        if self.num_draft_tokens > self.max_draft_len:
+            raise ValueError(
+                f"num_draft_tokens ({self.num_draft_tokens}) is larger than max_draft_len ({self.max_draft_len}); "
+                "the target engine is built for at most max_draft_len draft tokens (TensorRT-LLM asserts "
+                "'Number of draft tokens is larger than maximum number of draft tokens')"
+            )
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) must be <= ngram_max ({self.ngram_max})")
+        return self
+
+
+class EngineLimits(_Strict):
+    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 8
+    max_input_len: Annotated[int, Field(ge=1)] = 2048
+    max_seq_len: Annotated[int, Field(ge=2)] = 2304
+
+    @model_validator(mode="after")
+    def _seq_covers_input(self) -> "EngineLimits":
+        if self.max_seq_len <= self.max_input_len:
+            raise ValueError(
+                f"max_seq_len ({self.max_seq_len}) must be larger than max_input_len ({self.max_input_len}): "
+                "the loop resends prompt + generated tokens as input each iteration"
+            )
+        return self
+
+
+class TritonConfig(_Strict):
+    http_port: Annotated[int, Field(ge=0, le=65535)] = 8000
+    grpc_port: Annotated[int, Field(ge=0, le=65535)] = 8001
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] = 8002
+    speculative_instance_count: Annotated[int, Field(ge=1, le=256)] = 1
+    preprocessing_instance_count: Annotated[int, Field(ge=1, le=64)] = 1
+    postprocessing_instance_count: Annotated[int, Field(ge=1, le=64)] = 1
+
+
+class BuildConfig(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")] = "trtspec"
+    engine: EngineKind = EngineKind.reference
+    target: ModelConfig
+    draft: ModelConfig | None = Field(default=None, description="omit only with speculative.draft_source: ngram")
+    speculative: SpeculativeConfig = SpeculativeConfig()
+    limits: EngineLimits = EngineLimits()
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="reference engine placement; TensorRT-LLM engines always run on GPUs"
+    )
+    tensorrt_llm_version: str | None = Field(
+        default=None, description="version the engines are built and served with; default: the installed one"
+    )
+    triton: TritonConfig = TritonConfig()
+
+    @field_validator("tensorrt_llm_version")
+    @classmethod
+    def _version_format(cls, v: str | None) -> str | None:
+        if v is not None:
+            parts = v.split(".")
+            if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+                raise ValueError(f"expected a version like '1.1.0', got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _pair(self) -> "BuildConfig":
+        if self.draft is None and self.speculative.draft_source != "ngram":
+            raise ValueError(
+                f"draft is required with speculative.draft_source: {self.speculative.draft_source}; "
+                "add a draft: section or set speculative.draft_source: ngram"
+            )
+        if self.draft is not None and self.draft.quantization == "fp8" and self.engine is EngineKind.reference:
+            raise ValueError(
+                "draft.quantization: fp8 needs engine: tensorrt_llm (the reference engine runs HF weights as they are)"
+            )
+        return self
+
+    @property
+    def source_dir(self) -> Path | None:
+        return getattr(self, "_source_dir", None)
+
+
+def _describe_error(err: dict[str, Any], raw: Any) -> str:
+    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent = err["loc"][:-1]
+        allowed = _allowed_keys(parent)
+        hint = f"; allowed keys here: {', '.join(allowed)}" if allowed else ""
+        return f"{loc}: unknown key{hint}"
+    if kind == "missing":
+        return f"{loc}: required field is missing"
+    value = err.get("input")
+    msg = err["msg"]
+    if kind.startswith("value_error"):
+        msg = msg.removeprefix("Value error, ")
+        return f"{loc}: {msg}" if "(" in msg or loc == "(top level)" else f"{loc}: {value!r}: {msg}"
+    return f"{loc}: got {value!r}: {msg}"
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    model: Any = BuildConfig
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return []
+        ann = field.annotation
+        model = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if model is None:
+            return []
+    return sorted(model.model_fields)
+
+
+def parse_config(data: Any, source_dir: Path | None = None, check_paths: bool = True) -> BuildConfig:
+    """Validate a config mapping. Relative checkpoint paths resolve against `source_dir`."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a build config is a YAML mapping, got {type(data).__name__}")
+    try:
+        cfg = BuildConfig.model_validate(data)
+    except ValidationError as e:
+        lines = [_describe_error(err, data) for err in e.errors()]
+        raise ConfigError("invalid build config:\n  " + "\n  ".join(lines)) from None
+    object.__setattr__(cfg, "_source_dir", source_dir)
+    if check_paths:
+        problems = []
+        for role in ("target", "draft"):
+            m: ModelConfig | None = getattr(cfg, role)
+            if m is None or m.checkpoint.startswith("demo:"):
+                continue
+            p = resolve_path(m.checkpoint, source_dir)
+            if not p.is_dir():
+                problems.append(f"{role}.checkpoint: {m.checkpoint!r}: directory not found ({p})")
+            elif not (p / "config.json").is_file():
+                problems.append(f"{role}.checkpoint: {m.checkpoint!r}: no config.json in {p}; expected a Hugging Face checkpoint directory")
+        if problems:
+            raise ConfigError("invalid build config:\n  " + "\n  ".join(problems))
+    return cfg
+
+
+def resolve_path(ref: str, source_dir: Path | None) -> Path:
+    p = Path(ref).expanduser()
+    if not p.is_absolute() and source_dir is not None:
+        p = source_dir / p
+    return p
+
+
+def load_config(path: str | Path, check_paths: bool = True) -> BuildConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"build config not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    try:
+        return parse_config(data, source_dir=path.resolve().parent, check_paths=check_paths)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def checkpoint_path(cfg: BuildConfig, role: Literal["target", "draft"]) -> Path:
+    """The checkpoint directory of a role, preparing the demo pair when the config names it."""
+    m = getattr(cfg, role)
+    if m is None:
+        raise ConfigError(f"this config has no {role}")
+    if m.checkpoint.startswith("demo:"):
+        from trtspec.demo_pair import resolve_checkpoint
+
+        return Path(resolve_checkpoint(m.checkpoint))
+    return resolve_path(m.checkpoint, cfg.source_dir)

@@ -1,0 +1,224 @@
+"""The reference engine: a Hugging Face causal LM with the semantics of TensorRT-LLM's executor.
+
+One call = one TensorRT-LLM request:
+  * without draft tokens: generate up to `output_len` tokens (greedy or sampled), honouring
+    end_id, min_tokens, stop and bad words; optionally return the generation logits;
+  * with draft tokens: verify all of them in ONE forward pass over sequence + draft and return
+    the accepted prefix plus one target token (greedy comparison, token comparison under
+    sampling, or rejection sampling against the draft's logits).
+The output always includes the input (exclude_input_in_output = false), as the loop expects.
+
+Prefix KV-cache reuse plays the role of TensorRT-LLM's enable_kv_cache_reuse: the loop resends
+the whole running sequence every iteration, so each call only computes the tokens that are new
+since the longest cached prefix.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from trtspec.speculative import (
+    SamplingParams,
+    find_stop,
+    probabilities,
+    sample,
+    verify_by_target_sample,
+    verify_greedy,
+    verify_rejection,
+)
+
+
+@dataclass
+class EngineRequest:
+    input_ids: list[int]
+    output_len: int
+    draft_ids: list[int] | None = None
+    draft_logits: np.ndarray | None = None  # [k, V], used for rejection sampling when sampling
+    end_id: int | None = None
+    sampling: SamplingParams = SamplingParams()
+    seed: int | None = None
+    min_tokens: int = 0
+    stop_words: list[list[int]] = field(default_factory=list)
+    bad_words: list[list[int]] = field(default_factory=list)
+    return_generation_logits: bool = False
+
+
+@dataclass
+class EngineResult:
+    tokens: list[int]  # input + new tokens
+    generation_logits: np.ndarray | None = None  # [new, V] raw logits of the generated positions
+    num_draft_tokens: int = 0
+    num_accepted: int = 0
+    reused_tokens: int = 0  # how many input tokens came from the prefix cache
+    computed_tokens: int = 0
+
+
+class PrefixCache:
+    """A few KV caches keyed by the tokens they hold; a call takes the one sharing the longest prefix.
+
+    An entry is taken out while in use and put back afterwards, so two requests can never crop
+    each other's cache; a request that finds nothing just recomputes.
+    """
+
+    def __init__(self, max_entries: int = 16):
+        self.max_entries = max_entries
+        self._entries: "OrderedDict[int, tuple[list[int], Any]]" = OrderedDict()
+        self._next = 0
+
+    def take(self, tokens: Sequence[int]) -> tuple[Any | None, int]:
+        best_key, best_len = None, 0
+        for key, (held, _) in self._entries.items():
+            n = _common_prefix(held, tokens)
+            if n > best_len:
+                best_key, best_len = key, n
+        if best_key is None:
+            return None, 0
+        _, cache = self._entries.pop(best_key)
+        return cache, best_len
+
+    def put(self, tokens: list[int], cache: Any) -> None:
+        self._entries[self._next] = (tokens, cache)
+        self._next += 1
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def pick_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+class ReferenceEngine:
+    def __init__(
+        self,
+        checkpoint: str | Path,
+        device: str = "auto",
+        dtype: str = "float32",
+        cache_entries: int = 16,
+        salt: int = 0,
+    ):
+        from transformers import AutoModelForCausalLM
+
+        self.device = pick_device(device)
+        if self.device == "cpu" and dtype != "float32":
+            dtype = "float32"  # half precision matmuls are several times slower on CPU
+        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=_DTYPES[dtype]).to(self.device)
+        self.model.eval()
+        self.vocab_size = int(self.model.config.vocab_size)
+        self.cache = PrefixCache(cache_entries)
+        self.salt = salt  # decorrelates the random streams of the draft and the target under one seed
+
+    # ------------------------------------------------------------------ forward with prefix reuse
+
+    def _forward(self, tokens: list[int], need_logits: int = 1) -> tuple[torch.Tensor, Any, int]:
+        """Logits for every position of `tokens` not served from the cache (at least the last
+        `need_logits`), plus the updated cache and how many tokens it served."""
+        from transformers import DynamicCache
+
+        cache, reuse = self.cache.take(tokens)
+        reuse = min(reuse, len(tokens) - need_logits)
+        if cache is None or reuse == 0:
+            cache, reuse = DynamicCache(config=self.model.config), 0
+        elif cache.get_seq_length() > reuse:
+            cache.crop(reuse - cache.get_seq_length())  # negative: drop that many (transformers 4.x and 5.x)
+        new = torch.tensor([tokens[reuse:]], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            out = self.model(input_ids=new, past_key_values=cache, use_cache=True)
+        return out.logits[0].float(), out.past_key_values, reuse
+
+    def _rng(self, req: EngineRequest) -> np.random.Generator:
+        kind = 1 if req.draft_ids else 0
+        if req.seed is None:
+            return np.random.default_rng()
+        return np.random.default_rng([int(req.seed), len(req.input_ids), kind, self.salt])
+
+    @staticmethod
+    def _mask(logits: np.ndarray, context: Sequence[int], req: EngineRequest, generated: int) -> np.ndarray:
+        banned = [w[-1] for w in req.bad_words if w and list(context[len(context) - len(w) + 1 :]) == list(w[:-1])]
+        if req.end_id is not None and generated < req.min_tokens:
+            banned.append(req.end_id)
+        if banned:
+            logits = logits.copy()
+            logits[[b for b in banned if 0 <= b < len(logits)]] = -np.inf
+        return logits
+
+    # ------------------------------------------------------------------ the two request kinds
+
+    def run(self, req: EngineRequest) -> EngineResult:
+        if not req.input_ids:
+            raise ValueError("input_ids is empty")
+        if req.draft_ids:
+            return self._verify(req)
+        return self._generate(req)
+
+    def _generate(self, req: EngineRequest) -> EngineResult:
+        rng = self._rng(req)
+        tokens = list(req.input_ids)
+        logits_rows: list[np.ndarray] = []
+        reused, computed = 0, 0
+        for step in range(req.output_len):
+            logits, cache, reuse = self._forward(tokens)
+            if step == 0:
+                reused = reuse
+            computed += logits.shape[0]
+            row = self._mask(logits[-1].cpu().numpy(), tokens, req, step)
+            self.cache.put(list(tokens), cache)
+            if req.return_generation_logits:
+                logits_rows.append(row)
+            t = int(row.argmax()) if req.sampling.greedy else sample(probabilities(row, req.sampling), rng)
+            tokens.append(t)
+            if req.end_id is not None and t == req.end_id:
+                break
+            if req.stop_words and find_stop(tokens, req.stop_words, start=len(req.input_ids)) is not None:
+                break
+        gen_logits = np.stack(logits_rows).astype(np.float32) if logits_rows else None
+        return EngineResult(tokens, gen_logits, reused_tokens=reused, computed_tokens=computed)
+
+    def _verify(self, req: EngineRequest) -> EngineResult:
+        seq, draft = list(req.input_ids), [int(t) for t in req.draft_ids or []]
+        k = len(draft)
+        logits, cache, reuse = self._forward(seq + draft, need_logits=k + 1)
+        self.cache.put(seq + draft, cache)
+        rows = logits[-(k + 1) :].cpu().numpy()
+        rows = np.stack([self._mask(rows[i], seq + draft[:i], req, i) for i in range(k + 1)])
+        if req.sampling.greedy:
+            v = verify_greedy(draft, rows.argmax(axis=-1).tolist())
+        else:
+            rng = self._rng(req)
+            p = probabilities(rows, req.sampling)
+            if req.draft_logits is not None and len(req.draft_logits) >= k:
+                q = probabilities(np.asarray(req.draft_logits[-k:], dtype=np.float64), req.sampling)
+                v = verify_rejection(draft, q, p, rng)
+            else:
+                v = verify_by_target_sample(draft, p, rng)
+        new = v.tokens
+        if req.end_id is not None and req.end_id in new:  # nothing is generated after the end token
+            new = new[: new.index(req.end_id) + 1]
+        return EngineResult(
+            seq + new,
+            num_draft_tokens=k,
+            num_accepted=v.num_accepted,
+            reused_tokens=reuse,
+            computed_tokens=logits.shape[0],
+        )

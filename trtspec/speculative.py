@@ -1,0 +1,274 @@
+"""The speculative-decoding algorithm, pure: acceptance arithmetic, draft-length policy, counters.
+
+No Triton, no torch: numpy only, so it is unit-tested on its own and imported unchanged by the
+reference engine (verification) and by the loop model (policy, counters, stop handling).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+# ---------------------------------------------------------------- sampling parameters
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What turns logits into a distribution. temperature <= 0 or top_k == 1 means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no top-k cut
+    top_p: float = 1.0  # 1.0 (or 0, TensorRT-LLM's "unset"): no nucleus cut
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+
+def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Row-wise sampling distribution after temperature, top-k and top-p (float64, rows sum to 1)."""
+    x = np.asarray(logits, dtype=np.float64)
+    squeeze = x.ndim == 1
+    x = np.atleast_2d(x)
+    if params.greedy:
+        out = np.zeros_like(x)
+        out[np.arange(len(x)), x.argmax(axis=-1)] = 1.0
+        return out[0] if squeeze else out
+    x = x / params.temperature
+    if 0 < params.top_k < x.shape[-1]:
+        kth = np.partition(x, -params.top_k, axis=-1)[:, -params.top_k][:, None]
+        x = np.where(x < kth, -np.inf, x)
+    x = x - x.max(axis=-1, keepdims=True)
+    p = np.exp(x)
+    p /= p.sum(axis=-1, keepdims=True)
+    if 0.0 < params.top_p < 1.0:
+        order = np.argsort(-p, axis=-1)
+        sorted_p = np.take_along_axis(p, order, axis=-1)
+        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+        keep_sorted = np.cumsum(sorted_p, axis=-1) - sorted_p < params.top_p
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(axis=-1, keepdims=True)
+    return p[0] if squeeze else p
+
+
+def sample(p: np.ndarray, rng: np.random.Generator) -> int:
+    # inverse-CDF on float64 keeps this exact enough for the statistical tests
+    c = np.cumsum(p)
+    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(p) - 1))
+
+
+# ---------------------------------------------------------------- verification
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The target's answer to one draft: the accepted prefix plus one token of the target's own."""
+
+    num_accepted: int
+    tokens: list[int]  # accepted draft tokens followed by the target's token (len = num_accepted + 1)
+
+
+def verify_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> Verification:
+    """Accept while each draft token equals the target's argmax at that position.
+
+    target_argmax[i] is the target's choice after the sequence plus draft_tokens[:i], so it has
+    len(draft_tokens) + 1 entries; the last one is the bonus token when everything is accepted.
+    """
+    if len(target_argmax) != len(draft_tokens) + 1:
+        raise ValueError(f"need {len(draft_tokens) + 1} target tokens, got {len(target_argmax)}")
+    n = 0
+    while n < len(draft_tokens) and int(draft_tokens[n]) == int(target_argmax[n]):
+        n += 1
+    return Verification(n, [int(t) for t in draft_tokens[:n]] + [int(target_argmax[n])])
+
+
+def verify_by_target_sample(
+    draft_tokens: Sequence[int], target_probs: np.ndarray, rng: np.random.Generator
+) -> Verification:
+    """Token comparison under sampling (use_draft_logits=false): sample the target, accept on equality.
+
+    Each emitted token is a sample of the target's distribution, so the output distribution is the
+    target's exactly; only the acceptance rate is lower than with draft logits.
+    """
+    out: list[int] = []
+    for i in range(len(draft_tokens) + 1):
+        t = sample(target_probs[i], rng)
+        out.append(t)
+        if i == len(draft_tokens) or t != int(draft_tokens[i]):
+            return Verification(i, out)
+    raise AssertionError("unreachable")
+
+
+def verify_rejection(
+    draft_tokens: Sequence[int], draft_probs: np.ndarray, target_probs: np.ndarray, rng: np.random.Generator
+) -> Verification:
+    """Speculative sampling (Leviathan et al.; Chen et al.): preserves the target distribution exactly.
+
+    Accept draft token x with probability min(1, p(x)/q(x)); on the first rejection emit a sample of
+    normalize(max(0, p - q)); if all k are accepted, emit a bonus sample of p at position k.
+    draft_probs: [k, V] (the draft's sampling distributions), target_probs: [k + 1, V].
+    """
+    k = len(draft_tokens)
+    if draft_probs.shape[0] != k or target_probs.shape[0] != k + 1:
+        raise ValueError(f"shapes: draft_probs {draft_probs.shape}, target_probs {target_probs.shape}, k={k}")
+    out: list[int] = []
+    for i, x in enumerate(int(t) for t in draft_tokens):
+        p, q = target_probs[i, x], draft_probs[i, x]
+        if q <= 0.0 or rng.random() * q >= p:  # reject with probability 1 - min(1, p/q)
+            residual = np.maximum(target_probs[i] - draft_probs[i], 0.0)
+            total = residual.sum()
+            # total == 0 only when p == q, where rejection has probability 0; guard float noise anyway
+            out.append(sample(residual / total if total > 0 else target_probs[i], rng))
+            return Verification(i, out)
+        out.append(x)
+    out.append(sample(target_probs[k], rng))
+    return Verification(k, out)
+
+
+# ---------------------------------------------------------------- draft length policy
+
+
+@dataclass
+class DraftLengthPolicy:
+    """Chooses k for the next iteration of one request.
+
+    fixed: always the requested k. adaptive: grow by one after a fully accepted draft, shrink to
+    accepted + 1 after a rejection; when the acceptance rate over the last `window` iterations falls
+    below `pause_below`, stop drafting (k = 0: plain target steps) and every `probe_every` target steps
+    try a short draft again, resuming when the probe is accepted.
+    """
+
+    requested_k: int
+    adaptive: bool = False
+    min_k: int = 1
+    pause_below: float = 0.2
+    window: int = 4
+    probe_every: int = 8
+    current_k: int = field(init=False)
+    paused: bool = field(init=False, default=False)
+    _steps_paused: int = field(init=False, default=0)
+    _history: list[tuple[int, int]] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.min_k = max(1, min(self.min_k, self.requested_k)) if self.requested_k > 0 else 0
+        self.current_k = self.requested_k
+
+    def next_k(self, remaining: int) -> int:
+        """k for the next iteration; never proposes past remaining - 1 (the target adds one token)."""
+        budget = max(0, remaining - 1)
+        if self.requested_k <= 0 or budget == 0:
+            return 0
+        if not self.adaptive:
+            return min(self.requested_k, budget)
+        if self.paused:
+            self._steps_paused += 1
+            if self._steps_paused % self.probe_every != 0:
+                return 0
+            return min(self.min_k, budget)  # a probe
+        return min(self.current_k, budget)
+
+    def update(self, proposed: int, accepted: int) -> None:
+        if not self.adaptive or proposed == 0:
+            return
+        self._history = (self._history + [(proposed, accepted)])[-self.window :]
+        if self.paused:
+            if accepted == proposed:  # the probe was accepted: acceptance recovered
+                self.paused = False
+                self._history = [(proposed, accepted)]
+                self.current_k = max(self.min_k, min(self.requested_k, proposed + 1))
+            return
+        if accepted == proposed:
+            self.current_k = min(self.requested_k, self.current_k + 1)
+        else:
+            self.current_k = max(self.min_k, accepted + 1)
+        if len(self._history) >= self.window:
+            rate = sum(a for _, a in self._history) / sum(p for p, _ in self._history)
+            if rate < self.pause_below:
+                self.paused = True
+                self._steps_paused = 0
+
+
+# ---------------------------------------------------------------- counters
+
+
+@dataclass
+class SpecStats:
+    """Speculative counters of one request (or summed over many). Rates are derived, never stored."""
+
+    num_drafts: int = 0  # iterations that proposed at least one token
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_iterations: int = 0  # target calls
+    num_fallbacks: int = 0  # draft calls that failed; the request went on target-only
+    proposed_per_pos: list[int] = field(default_factory=list)
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self.num_iterations += 1
+        if proposed == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += proposed
+        self.num_accepted_tokens += accepted
+        need = max(proposed, len(self.proposed_per_pos))
+        self.proposed_per_pos += [0] * (need - len(self.proposed_per_pos))
+        self.accepted_per_pos += [0] * (need - len(self.accepted_per_pos))
+        for i in range(proposed):
+            self.proposed_per_pos[i] += 1
+            if i < accepted:
+                self.accepted_per_pos[i] += 1
+
+    def merge(self, other: "SpecStats") -> None:
+        self.num_drafts += other.num_drafts
+        self.num_draft_tokens += other.num_draft_tokens
+        self.num_accepted_tokens += other.num_accepted_tokens
+        self.num_iterations += other.num_iterations
+        self.num_fallbacks += other.num_fallbacks
+        for name in ("proposed_per_pos", "accepted_per_pos"):
+            a, b = getattr(self, name), getattr(other, name)
+            n = max(len(a), len(b))
+            setattr(self, name, [x + y for x, y in zip(a + [0] * (n - len(a)), b + [0] * (n - len(b)))])
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per target call (accepted + the target's own), vLLM's definition."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_per_pos(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_per_pos, self.proposed_per_pos)]
+
+
+# ---------------------------------------------------------------- stopping
+
+
+def find_stop(tokens: Sequence[int], stop_sequences: Sequence[Sequence[int]], start: int = 0) -> int | None:
+    """Length of `tokens` to keep if a stop sequence ends at or after position `start`, else None.
+
+    The stop sequence itself is kept (TensorRT-LLM keeps stop words in output_ids).
+    """
+    best: int | None = None
+    for seq in stop_sequences:
+        n = len(seq)
+        if n == 0:
+            continue
+        for end in range(max(start, n - 1), len(tokens)):
+            if list(tokens[end - n + 1 : end + 1]) == list(seq):
+                best = end + 1 if best is None else min(best, end + 1)
+                break
+    return best
+
+
+def speedup_bound(alpha: float, k: int, cost_ratio: float) -> float:
+    """Expected speedup S = (1 - a^(k+1)) / ((1 - a)(k c + 1)) for acceptance a, k drafts, draft cost c."""
+    if alpha >= 1.0:
+        return (k + 1) / (k * cost_ratio + 1)
+    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * cost_ratio + 1))

@@ -1,0 +1,69 @@
+"""Reading and writing Triton tensors inside Python-backend models (used by every model.py we ship).
+
+Kept free of `triton_python_backend_utils` at import time: the module is passed in, so the helpers
+can be unit-tested without a server.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class RequestError(ValueError):
+    """A bad request: reported to the client as an error response, the model stays up."""
+
+
+def tensor(pb_utils: Any, request: Any, name: str) -> np.ndarray | None:
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    return None if t is None else t.as_numpy()
+
+
+def scalar(pb_utils: Any, request: Any, name: str, default: Any = None) -> Any:
+    """A [1]-shaped (or reshaped-to-[]) input as a Python scalar; `default` when absent."""
+    a = tensor(pb_utils, request, name)
+    if a is None or a.size == 0:
+        return default
+    v = a.reshape(-1)[0]
+    if isinstance(v, bytes):
+        return v.decode("utf-8", errors="replace")
+    return v.item() if hasattr(v, "item") else v
+
+
+def ids(pb_utils: Any, request: Any, name: str) -> list[int] | None:
+    a = tensor(pb_utils, request, name)
+    return None if a is None else [int(x) for x in a.reshape(-1)]
+
+
+def words_list(a: np.ndarray | None) -> list[list[int]]:
+    """TensorRT-LLM's [2, n] words format (flat ids; exclusive end offsets, -1 padded) to sequences."""
+    if a is None or a.size == 0:
+        return []
+    a = a.reshape(-1, 2, a.shape[-1])[0]
+    flat, offsets = a[0].tolist(), [int(o) for o in a[1].tolist() if o >= 0]
+    out, start = [], 0
+    for end in offsets:
+        if end > start:
+            out.append([int(t) for t in flat[start:end]])
+        start = end
+    return out
+
+
+def to_words_list(seqs: list[list[int]]) -> np.ndarray:
+    """Sequences to the [1, 2, n] words tensor (inverse of words_list)."""
+    flat = [t for s in seqs for t in s]
+    offsets = list(np.cumsum([len(s) for s in seqs]).tolist()) if seqs else []
+    n = max(1, len(flat))
+    arr = np.full((1, 2, n), -1, dtype=np.int32)
+    arr[0, 0, : len(flat)] = flat
+    arr[0, 0, len(flat) :] = 0
+    arr[0, 1, : len(offsets)] = offsets
+    return arr
+
+
+def model_parameters(args: dict) -> dict[str, str]:
+    import json
+
+    cfg = json.loads(args["model_config"])
+    return {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
