@@ -300,7 +300,9 @@ def test_h200_fp8_golden_plan_tp4_target_fp8_draft(tmp_path: Path, models) -> No
     assert plan.step("build-target").expect == ["config.json", "rank0.engine", "rank1.engine", "rank2.engine", "rank3.engine"]
     assert plan.step("convert-target").expect == ["config.json"] + [f"rank{r}.safetensors" for r in range(4)]
     assert plan.preflight.ok, plan.preflight.findings
-    assert plan.preflight.kv_fractions == {"target": 0.9, "draft": 0.9}  # each alone on its GPUs
+    # The target alone on its GPUs gets TensorRT-LLM's 0.9; the draft, alone on GPU 4, only what it can use.
+    assert plan.preflight.kv_fractions["target"] == 0.9
+    assert 0.05 <= plan.preflight.kv_fractions["draft"] < 0.5
 
 
 def test_tp_pp_draft_logits_and_small_batch_fp8_variants(tmp_path: Path, models) -> None:

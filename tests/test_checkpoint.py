@@ -78,16 +78,17 @@ def train_bpe_tokenizer(vocab_size: int = 300, specials: tuple[str, ...] = ("<|i
     return tok
 
 
-def write_tokenizer(dest: Path, *, vocab_size: int = 300, specials: tuple[str, ...] = ("<|im_start|>", "<|im_end|>")) -> int:
-    """Real tokenizer files in `dest`: the demo target's when it exists, else a tiny trained BPE one.
-    Returns the tokenizer's number of tokens."""
+def write_tokenizer(dest: Path, *, vocab_size: int | None = None, specials: tuple[str, ...] | None = None) -> int:
+    """Real tokenizer files in `dest`: the demo target's (SmolLM2, 49152 tokens) when it is prepared and no
+    particular vocabulary is asked for, else a tiny trained BPE one. Returns the tokenizer's number of tokens."""
     dest.mkdir(parents=True, exist_ok=True)
-    if DEMO_TARGET.is_dir() and (DEMO_TARGET / "tokenizer.json").is_file() and vocab_size == 49152:
+    if vocab_size is None and specials is None and (DEMO_TARGET / "tokenizer.json").is_file():
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             if (DEMO_TARGET / name).is_file():
                 shutil.copy(DEMO_TARGET / name, dest / name)
     else:
-        tok = train_bpe_tokenizer(vocab_size, specials)
+        specials = specials or ("<|im_start|>", "<|im_end|>")
+        tok = train_bpe_tokenizer(vocab_size or 300, specials)
         tok.save(str(dest / "tokenizer.json"))
         (dest / "tokenizer_config.json").write_text(
             json.dumps({"bos_token": specials[0], "eos_token": specials[-1], "tokenizer_class": "PreTrainedTokenizerFast"})
@@ -144,7 +145,7 @@ def make_checkpoint(
     if tokenizer == "synthetic":
         write_synthetic_tokenizer(dest, tokenizer_vocab or config["vocab_size"], n_special=8)
     elif tokenizer == "bpe":
-        write_tokenizer(dest, vocab_size=tokenizer_vocab or 300)
+        write_tokenizer(dest, vocab_size=tokenizer_vocab or 300)  # a trained one, never the demo's
     elif tokenizer is not None:
         for f in Path(tokenizer).iterdir():
             if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "vocab.json", "merges.txt"):

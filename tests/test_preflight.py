@@ -394,3 +394,30 @@ def test_doctor_shows_preflight_errors_with_fixes(tmp_path, models) -> None:
     out = squash(res.output)
     assert "fp8-unsupported-gpu" in out and "compute capability >= 8.9" in out
     assert "Traceback" not in res.output
+
+
+def test_busy_gpu_is_a_warning_and_does_not_change_the_fractions(tmp_path, tools, models) -> None:
+    ck = {"target": models["8b"], "draft": models["1b"]}
+    idle = preflight(tmp_path, tools, H100_CFG, ck, gpu_machine("h100x1"))
+    m = gpu_machine("h100x1")
+    m.synthetic = False
+    m.gpus[0].memory_free = m.gpus[0].memory_total // 3
+    busy = preflight(tmp_path, tools, H100_CFG, ck, m)
+    assert "other processes use it now" in only(busy, "gpu-busy").message
+    assert busy.kv_fractions == idle.kv_fractions and busy.ok
+
+
+def test_a_draft_alone_on_its_gpu_gets_only_the_kv_it_can_use(tmp_path, tools, models) -> None:
+    from trtspec.build.preflight import _kv_tokens
+
+    pf = preflight(tmp_path, tools, H200_CFG, {"target": models["70b"], "draft": models["1b"]}, gpu_machine("h200x8"))
+    assert pf.kv_fractions["target"] == 0.9 and pf.kv_fractions["draft"] < 0.9
+    target_tokens = _kv_tokens(pf, "target", pf.kv_fractions["target"])
+    draft_tokens = _kv_tokens(pf, "draft", pf.kv_fractions["draft"])
+    assert target_tokens * 1.2 <= draft_tokens <= target_tokens * 1.4  # as many sequences as the target, + margin
+    # A fraction set in the config is never changed.
+    pf = preflight(
+        tmp_path, tools, H200_CFG, {"target": models["70b"], "draft": models["1b"]}, gpu_machine("h200x8"),
+        draft__kv_cache_free_gpu_mem_fraction=0.8,
+    )  # fmt: skip
+    assert pf.kv_fractions["draft"] == 0.8 and pf.kv_derived["draft"] is False

@@ -182,9 +182,12 @@ def print_plan(plan: Plan, *, verbose: bool = True) -> None:
     if plan.config_path:
         say(f"  config:  {escape(str(plan.config_path))}")
     say(f"  output:  {escape(str(plan.output_dir))}")
-    version = plan.trtllm_version or "unknown"
-    src = "config" if cfg.tensorrt_llm_version else ("installed" if m.tensorrt_llm_version else "")
-    say(f"  machine: {escape(m.describe_gpus())}; TensorRT-LLM {version}{f' ({src})' if src else ''}")
+    machine = m.describe_gpus()
+    if cfg.engine is EngineKind.tensorrt_llm:
+        version = plan.trtllm_version or "unknown"
+        src = "config" if cfg.tensorrt_llm_version else ("installed" if m.tensorrt_llm_version else "")
+        machine += f"; TensorRT-LLM {version}{f' ({src})' if src else ''}"
+    say(f"  machine: {escape(machine)}")
     for role, info in plan.infos.items():
         if info is None:
             say(f"  {role}:  {escape(str(plan.checkpoints[role]))} (not readable here)")

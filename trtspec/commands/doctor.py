@@ -95,7 +95,7 @@ def pair_table(infos: dict[str, CheckpointInfo | None]) -> Table:
     t.add_column("")
     roles = list(infos)
     for role in roles:
-        t.add_column(role)
+        t.add_column(role, overflow="fold")
 
     def row(label: str, fn) -> None:  # noqa: ANN001
         t.add_row(label, *[escape(str(fn(infos[r]))) if infos[r] is not None else "-" for r in roles])

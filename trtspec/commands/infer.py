@@ -1,11 +1,80 @@
-"""`trtspec infer` (placeholder until its issue lands)."""
+"""`trtspec infer`: one request to a running deployment, with its acceptance figures."""
+
+from __future__ import annotations
+
+import sys
 
 import click
+from rich.table import Table
 
-from trtspec.commands._common import not_implemented
+from trtspec.client import Client, ClientError
+from trtspec.commands._common import console, friendly_errors
 
 
 @click.command("infer")
-def command() -> None:
-    """Not implemented yet."""
-    not_implemented("infer", "see the open issues")
+@click.argument("prompt")
+@click.option("--url", default="localhost:8000", show_default=True, help="Server address (HTTP port for http, gRPC port for grpc).")
+@click.option("--protocol", "-i", type=click.Choice(["http", "grpc"]), default="http", show_default=True)
+@click.option("--baseline", is_flag=True, help="Use the target-only endpoint instead of the speculative one.")
+@click.option("--model", default=None, help="Endpoint model name (default: ensemble, or baseline with --baseline).")
+@click.option("--stream/--no-stream", default=False, show_default=True, help="Print tokens as they are accepted.")
+@click.option("--max-tokens", "-n", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--draft-tokens", "-k", type=click.IntRange(0), default=None, help="num_draft_tokens (default: the deployment's).")
+@click.option("--draft-source", type=click.Choice(["model", "ngram", "hybrid"]), default=None, help="Who proposes tokens.")
+@click.option("--draft-logits", is_flag=True, default=None, help="Rejection sampling against the draft's logits.")
+@click.option("--temperature", type=float, default=None, help="0 or unset: greedy.")
+@click.option("--top-k", type=int, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop", "stop_words", multiple=True, help="Stop word (repeatable).")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the ChatML template (<|im_start|>user ...), as the demo model expects.")
+@friendly_errors(ClientError)
+def command(prompt, url, protocol, baseline, model, stream, max_tokens, draft_tokens, draft_source, draft_logits,
+            temperature, top_k, top_p, seed, stop_words, chat) -> None:
+    """Send PROMPT to a running trtspec deployment and print the completion and its acceptance figures.
+
+    \b
+    Examples:
+      trtspec infer "The capital of France is" --stream
+      trtspec infer "Summarise: ..." -k 4 --protocol grpc --url localhost:8001
+      trtspec infer "Hello" --baseline            # target-only, for comparison
+    """
+    if chat:
+        prompt = f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    client = Client(url, protocol, model or ("baseline" if baseline else "ensemble"))
+    params = dict(
+        num_draft_tokens=draft_tokens, draft_source=draft_source, use_draft_logits=draft_logits,
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop_words=list(stop_words) or None,
+    )
+    if stream:
+        chunks = []
+        for chunk in client.stream(prompt, max_tokens, stream=True, **params):
+            chunks.append(chunk)
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        stats = chunks[-1].stats if chunks else {}
+        n_tokens = sum(len(c.token_ids) for c in chunks)
+    else:
+        g = client.generate(prompt, max_tokens, stream=False, **params)
+        console.print(g.text, markup=False, highlight=False)
+        stats, n_tokens = g.stats, len(g.token_ids)
+    _print_stats(stats, n_tokens)
+
+
+def _print_stats(stats: dict, n_tokens: int) -> None:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    drafted = stats.get("total_draft_tokens", 0)
+    accepted = stats.get("total_accepted_draft_tokens", 0)
+    iterations = stats.get("num_iterations", 0)
+    table.add_row("tokens", str(n_tokens))
+    table.add_row("target calls", str(iterations))
+    if drafted:
+        table.add_row("draft tokens accepted", f"{accepted}/{drafted} ({accepted / drafted:.0%})")
+        per_pos = [f"{a / p:.2f}" if p else "-" for a, p in zip(stats.get("accepted_per_position", []), stats.get("proposed_per_position", []))]
+        table.add_row("acceptance by position", " ".join(per_pos))
+    if iterations:
+        table.add_row("tokens per target call", f"{n_tokens / iterations:.2f}")
+    if stats.get("draft_fallbacks"):
+        table.add_row("draft fallbacks", str(stats["draft_fallbacks"]))
+    console.print(table)

@@ -1,0 +1,224 @@
+"""`trtspec serve REPO`: start Triton on a model repository, wait until every model is loaded, keep serving."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from trtspec.commands._common import UserError, console, err_console
+from trtspec.server import (
+    ServerError,
+    ServerOptions,
+    ServerStartError,
+    TritonServer,
+    TrtllmTritonServer,
+    create_server,
+    read_repository,
+)
+
+_HELP = """Serve a Triton model repository (e.g. the one `trtspec build` wrote) over HTTP and gRPC.
+
+\b
+Starts tritonserver, waits until every model has loaded, prints the
+endpoints and the loaded models, and keeps serving until Ctrl-C (or
+SIGTERM, e.g. `docker stop`), then shuts down cleanly (exit code 0).
+If a model fails to load, it says which one and why, with the end of
+the server log (exit code 1).
+
+\b
+Which tritonserver runs (first match wins):
+  1. --tritonserver PATH, or $TRITONSERVER=PATH
+  2. `tritonserver` on PATH
+  3. /opt/tritonserver/bin/tritonserver (NVIDIA NGC containers)
+  4. the one in the nvidia-pytriton wheel (`pip install nvidia-pytriton`):
+     runs anywhere (CPU is fine) with Python-backend models; its Python
+     models run in *this* Python environment. Force it with
+     --tritonserver bundled. (Its backend dir, with the Python-backend
+     stub for this Python, is prepared once in $TRTSPEC_CACHE,
+     default ~/.cache/trtspec.)
+
+\b
+If the repository holds TensorRT-LLM models (backend "tensorrtllm"),
+Triton is launched the way TensorRT-LLM needs: orchestrator mode when
+there are two of them (draft + target), mpirun with --world-size ranks
+otherwise.
+
+\b
+Examples:
+  trtspec serve out/model_repository
+  trtspec serve out/model_repository --http-port 0 --grpc-port 0   # free ports
+  TRITONSERVER=/opt/tritonserver/bin/tritonserver trtspec serve repo --verbose
+"""
+
+
+def _models_table(server: TritonServer, repo: Path) -> Table:
+    backends: dict[str, str] = {}
+    try:
+        for m in read_repository(repo):
+            backends[m.name] = m.backend or m.platform
+    except ServerError:
+        pass
+    table = Table(title="Models", title_justify="left", show_edge=False, header_style="bold")
+    table.add_column("model")
+    table.add_column("version")
+    table.add_column("backend")
+    table.add_column("state")
+    for m in sorted(server.models(), key=lambda m: str(m.get("name"))):
+        state = str(m.get("state") or "-")
+        style = "green" if state == "READY" else "yellow"
+        table.add_row(str(m.get("name")), str(m.get("version") or "-"), backends.get(str(m.get("name")), "?"),
+                      f"[{style}]{state}[/]")
+    return table
+
+
+def _print_ready(server: TritonServer, repo: Path, elapsed: float) -> None:
+    ep = server.endpoints
+    console.print(f"[bold green]Triton is ready[/] after {elapsed:.1f} s")
+    console.print(f"  HTTP     {ep.http}")
+    console.print(f"  gRPC     {ep.grpc_address}")
+    console.print(f"  metrics  {ep.metrics}")
+    if server.log_path:
+        console.print(f"  log      {server.log_path}")
+    console.print(_models_table(server, repo))
+    console.print("[dim]Serving. Press Ctrl-C to stop.[/]")
+
+
+class _Follower:
+    """Copies new lines of the server log to the console."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path, self.offset = path, 0
+
+    def pump(self) -> None:
+        if not self.path:
+            return
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return
+        if data:
+            self.offset += len(data)
+            click.echo(data.decode("utf-8", errors="replace"), nl=False)
+
+
+@click.command("serve", help=_HELP, short_help="Serve a model repository with Triton (HTTP + gRPC).")
+@click.argument("repo", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--http-port", default=8000, show_default=True, type=int, help="HTTP port (0: pick a free one).")
+@click.option("--grpc-port", default=8001, show_default=True, type=int, help="gRPC port (0: pick a free one).")
+@click.option("--metrics-port", default=8002, show_default=True, type=int,
+              help="Prometheus metrics port (0: pick a free one).")
+@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the server log (Triton + what Python models print) here "
+                   "[default: a new file in the temp dir, path printed].")
+@click.option("--verbose", "-v", is_flag=True, help="Verbose Triton log (--log-verbose=1).")
+@click.option("--follow-log", is_flag=True,
+              help="Also copy the server log to this terminal while serving (useful in containers).")
+@click.option("--timeout", default=300.0, show_default=True, type=float,
+              help="Seconds to wait for all models to load.")
+@click.option("--tritonserver", "tritonserver", default=None, metavar="PATH|bundled",
+              help="tritonserver binary to use [default: see above; also $TRITONSERVER].")
+@click.option("--disable-auto-complete-config", is_flag=True,
+              help="Trust the config.pbtxt files as written (Triton skips the extra Python process it starts per "
+                   "Python model to auto-complete its config: starts faster).")
+@click.option("--world-size", default=1, show_default=True, type=int,
+              help="TensorRT-LLM only: MPI ranks (TP x PP of the engine) in leader mode.")
+def serve(
+    repo: Path,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    log_file: Path | None,
+    verbose: bool,
+    follow_log: bool,
+    timeout: float,
+    tritonserver: str | None,
+    disable_auto_complete_config: bool,
+    world_size: int,
+) -> None:
+    if not repo.is_dir():
+        raise UserError(f"model repository {repo} does not exist (build one with `trtspec build CONFIG`).")
+    if not any((d / "config.pbtxt").is_file() for d in repo.iterdir() if d.is_dir()):
+        raise UserError(f"{repo} holds no model (no <model>/config.pbtxt): is it a Triton model repository?")
+    options = ServerOptions(
+        model_repository=repo,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        log_file=log_file,
+        keep_log=True,
+        log_verbose=1 if verbose else 0,
+        tritonserver=tritonserver,
+        disable_auto_complete_config=disable_auto_complete_config,
+    )
+    try:
+        server = create_server(options, world_size=world_size)
+        if world_size != 1 and not isinstance(server, TrtllmTritonServer):
+            raise UserError("--world-size only applies to TensorRT-LLM models; this repository has none.")
+        installation = getattr(server, "installation", None)
+        if installation is not None:
+            console.print(f"[dim]tritonserver: {escape(installation.describe())}[/]", soft_wrap=True)
+        server.start()
+    except ServerError as e:
+        raise UserError(escape(str(e))) from None
+
+    previous_sigterm = _sigterm_as_keyboard_interrupt()
+    follower: _Follower | None = None
+    try:
+        started = time.monotonic()
+        try:
+            with console.status(f"Starting Triton on {repo} (loading models; up to {timeout:g} s)...",
+                                spinner="dots"):
+                server.wait_ready(timeout)
+        except ServerStartError as e:
+            server.stop()
+            raise UserError(escape(str(e))) from None
+        _print_ready(server, repo, time.monotonic() - started)
+        follower = _Follower(server.log_path) if follow_log else None
+        while True:
+            rc = server.wait(timeout=0.5)
+            if follower:
+                follower.pump()
+            if rc is not None:
+                tail = "\n".join(f"  | {line}" for line in server.log_tail(40))
+                raise UserError(escape(f"tritonserver exited unexpectedly with code {rc}.\nLast log lines:\n{tail}"))
+    except KeyboardInterrupt:
+        err_console.print("\nStopping Triton...")
+        rc = server.stop()
+        if follow_log and follower is not None:
+            follower.pump()
+        err_console.print(f"Triton stopped (exit code {rc}).")
+    except BaseException:
+        server.stop()
+        raise
+    finally:
+        _restore_sigterm(previous_sigterm)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _sigterm_as_keyboard_interrupt() -> Any:
+    try:
+        return signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    except ValueError:  # not in the main thread
+        return None
+
+
+def _restore_sigterm(previous: Any) -> None:
+    if previous is not None:
+        try:
+            signal.signal(signal.SIGTERM, previous)
+        except ValueError:
+            pass
+
+
+command = serve
