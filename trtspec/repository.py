@@ -150,13 +150,31 @@ def generate_repository(
         m = getattr(cfg, role)
         if m is not None and m.kv_cache_free_gpu_mem_fraction is not None:
             fractions.setdefault(role, m.kv_cache_free_gpu_mem_fraction)
-    spec = cfg.speculative
-    uses_model = cfg.draft is not None and spec.draft_source in ("model", "hybrid")
-    uses_ngram = spec.draft_source in ("ngram", "hybrid")
-
     partial = output_dir.with_name(output_dir.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
+    try:
+        _write_models(cfg, partial, version, fractions, target_engine_dir, draft_engine_dir)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)  # nothing half-written is left looking finished
+        raise
+    if output_dir.exists():
+        shutil.rmtree(output_dir)
+    partial.rename(output_dir)
+    return output_dir
+
+
+def _write_models(
+    cfg: BuildConfig,
+    partial: Path,
+    version: str | None,
+    fractions: dict[str, float],
+    target_engine_dir: Path | None,
+    draft_engine_dir: Path | None,
+) -> None:
+    spec = cfg.speculative
+    uses_model = cfg.draft is not None and spec.draft_source in ("model", "hybrid")
+    uses_ngram = spec.draft_source in ("ngram", "hybrid")
     w = _Writer(cfg, partial)
     tokenizer_dir = checkpoint_path(cfg, "target").resolve()
 
@@ -214,11 +232,6 @@ def generate_repository(
             if step.model_name == LOOP:
                 step.model_name = loop_name
         w.write(c)
-
-    if output_dir.exists():
-        shutil.rmtree(output_dir)
-    partial.rename(output_dir)
-    return output_dir
 
 
 def list_models(repo: Path) -> dict[str, mc.ModelConfig]:

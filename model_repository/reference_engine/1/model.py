@@ -5,6 +5,8 @@ semantics (draft_input_ids verified in one forward pass, accepted prefix + one t
 KV-cache reuse). The logic lives in trtspec.reference_engine; this file only moves tensors.
 """
 
+import os
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -16,6 +18,11 @@ from trtspec.speculative import SamplingParams
 class TritonPythonModel:
     def initialize(self, args):
         params = io.model_parameters(args)
+        threads = int(os.environ.get("TRTSPEC_TORCH_THREADS", "0"))
+        if threads > 0:  # several servers or models sharing few cores: oversubscribed OpenMP is very slow
+            import torch
+
+            torch.set_num_threads(threads)
         self.max_input_len = int(params.get("max_input_len", "0")) or None
         self.engine = ReferenceEngine(
             params["checkpoint"],

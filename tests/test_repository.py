@@ -1,0 +1,142 @@
+"""Generated repositories: every config parses with Triton's ModelConfig, nothing is left unfilled,
+and both engine flavours declare the same tensors."""
+
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from trtspec.config import parse_config
+from trtspec.repository import RepositoryError, generate_repository, list_models
+
+
+def _cfg(target, draft, engine="reference", **spec):
+    return parse_config(
+        {
+            "name": "t",
+            "engine": engine,
+            "target": {"checkpoint": str(target), "dtype": "float16", "gpu_device_ids": [0]},
+            "draft": {"checkpoint": str(draft), "dtype": "float16", "gpu_device_ids": [1]},
+            "speculative": {"max_draft_len": 6, "num_draft_tokens": 2, **spec},
+            "limits": {"max_batch_size": 4, "max_input_len": 100, "max_seq_len": 120},
+        }
+    )
+
+
+@pytest.fixture
+def repos(tmp_path, tiny_target, tiny_draft):
+    ref = generate_repository(_cfg(tiny_target, tiny_draft), tmp_path / "ref")
+    trt = generate_repository(
+        _cfg(tiny_target, tiny_draft, engine="tensorrt_llm"),
+        tmp_path / "trt",
+        target_engine_dir=tmp_path / "engines/target",
+        draft_engine_dir=tmp_path / "engines/draft",
+        trtllm_version="1.1.0",
+        kv_cache_fractions={"target": 0.6, "draft": 0.2},
+    )
+    return ref, trt
+
+
+def _parse_all(repo: Path):
+    out = {}
+    for p in sorted(repo.glob("*/config.pbtxt")):
+        text = p.read_text()
+        assert "${" not in text, f"{p}: unfilled placeholder"
+        out[p.parent.name] = text_format.Parse(text, mc.ModelConfig())  # raises on anything malformed
+        assert out[p.parent.name].name == p.parent.name
+    return out
+
+
+def _io(config):
+    return (
+        [(t.name, t.data_type, list(t.dims)) for t in config.input],
+        [(t.name, t.data_type, list(t.dims)) for t in config.output],
+    )
+
+
+def test_every_config_parses_and_is_filled(repos):
+    for repo in repos:
+        models = _parse_all(repo)
+        assert set(models) >= {
+            "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft",
+            "speculative", "baseline_loop", "ensemble", "baseline",
+        }
+        for name, cfg in models.items():
+            if cfg.platform != "ensemble":
+                assert (repo / name / "1").is_dir()
+            assert cfg.max_batch_size == 4
+
+
+def test_both_flavours_declare_the_same_engine_tensors(repos):
+    ref, trt = (_parse_all(r) for r in repos)
+    for name in ("tensorrt_llm", "tensorrt_llm_draft"):
+        assert _io(ref[name]) == _io(trt[name])
+    assert ref["tensorrt_llm"].backend == "python" and (repos[0] / "tensorrt_llm/1/model.py").is_file()
+    assert trt["tensorrt_llm"].backend == "tensorrtllm" and not (repos[1] / "tensorrt_llm/1/model.py").exists()
+    names = {t.name for t in ref["tensorrt_llm"].input}
+    assert {"input_ids", "input_lengths", "request_output_len", "draft_input_ids", "draft_logits", "end_id",
+            "pad_id", "temperature", "runtime_top_k", "runtime_top_p", "seed", "min_tokens", "stop_words_list",
+            "return_generation_logits", "return_perf_metrics", "streaming"} <= names
+    assert {t.name for t in ref["tensorrt_llm"].output} == {
+        "output_ids", "sequence_length", "generation_logits", "acceptance_rate",
+        "total_accepted_draft_tokens", "total_draft_tokens"}
+
+
+def test_tensorrt_llm_flavour_parameters(repos, tmp_path):
+    trt = _parse_all(repos[1])
+    p = {k: v.string_value for k, v in trt["tensorrt_llm"].parameters.items()}
+    assert p["gpt_model_path"] == str((tmp_path / "engines/target").resolve())
+    assert p["gpu_device_ids"] == "0"
+    assert p["kv_cache_free_gpu_mem_fraction"] == "0.6"
+    assert p["enable_kv_cache_reuse"] == "true" and p["exclude_input_in_output"] == "false"
+    assert p["gpt_model_type"] == "inflight_fused_batching"
+    d = {k: v.string_value for k, v in trt["tensorrt_llm_draft"].parameters.items()}
+    assert d["gpt_model_path"].endswith("engines/draft") and d["gpu_device_ids"] == "1"
+    assert d["kv_cache_free_gpu_mem_fraction"] == "0.2"
+    loop = {k: v.string_value for k, v in trt["speculative"].parameters.items()}
+    assert loop["max_draft_len"] == "6" and loop["num_draft_tokens"] == "2"
+    assert loop["draft_model_name"] == "tensorrt_llm_draft" and loop["draft_disabled"] == "false"
+    base = {k: v.string_value for k, v in trt["baseline_loop"].parameters.items()}
+    assert base["draft_disabled"] == "true"
+    assert [s.model_name for s in trt["baseline"].ensemble_scheduling.step] == [
+        "preprocessing", "baseline_loop", "postprocessing"]
+
+
+def test_legacy_tensor_names_before_0_20(tmp_path, tiny_target, tiny_draft):
+    repo = generate_repository(
+        _cfg(tiny_target, tiny_draft, engine="tensorrt_llm"),
+        tmp_path / "old",
+        target_engine_dir=tmp_path / "e/t",
+        draft_engine_dir=tmp_path / "e/d",
+        trtllm_version="0.19.0",
+    )
+    models = list_models(repo)
+    names = {t.name for t in models["tensorrt_llm"].input}
+    assert {"min_length", "random_seed"} <= names and not {"min_tokens", "seed"} & names
+    loop = {k: v.string_value for k, v in models["speculative"].parameters.items()}
+    assert loop["engine_min_tokens_name"] == "min_length" and loop["engine_seed_name"] == "random_seed"
+
+
+def test_ngram_source_adds_the_drafter(tmp_path, tiny_target, tiny_draft):
+    models = list_models(generate_repository(_cfg(tiny_target, tiny_draft, draft_source="hybrid"), tmp_path / "h"))
+    assert "ngram_draft" in models and "tensorrt_llm_draft" in models
+    assert _io(models["ngram_draft"]) == _io(models["tensorrt_llm_draft"])
+    cfg = parse_config({"target": {"checkpoint": str(tiny_target)}, "speculative": {"draft_source": "ngram"}})
+    models = list_models(generate_repository(cfg, tmp_path / "n"))
+    assert "ngram_draft" in models and "tensorrt_llm_draft" not in models
+
+
+def test_tensorrt_llm_flavour_needs_engines(tmp_path, tiny_target, tiny_draft):
+    with pytest.raises(RepositoryError, match="engine directory"):
+        generate_repository(_cfg(tiny_target, tiny_draft, engine="tensorrt_llm"), tmp_path / "x")
+    assert not (tmp_path / "x").exists() and not list(tmp_path.glob("*.partial"))
+
+
+def test_regeneration_replaces_atomically(tmp_path, tiny_target, tiny_draft):
+    out = tmp_path / "repo"
+    generate_repository(_cfg(tiny_target, tiny_draft), out)
+    (out / "stale_model").mkdir()
+    generate_repository(_cfg(tiny_target, tiny_draft), out)
+    assert not (out / "stale_model").exists()
+    assert not list(tmp_path.glob("*.partial"))
