@@ -60,7 +60,7 @@ def test_every_config_parses_and_is_filled(repos):
         models = _parse_all(repo)
         assert set(models) >= {
             "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft",
-            "speculative", "baseline_loop", "ensemble", "baseline",
+            "speculative", "baseline_loop", "ensemble", "baseline", "ngram_draft",
         }
         for name, cfg in models.items():
             if cfg.platform != "ensemble":

@@ -112,6 +112,39 @@ def test_greedy_speculative_identical_to_baseline(server, baseline, protocol, st
         assert any(len(g.chunks) > 1 for g in gens)  # tokens really arrived in pieces
 
 
+GROUNDED = [
+    CHAT.format(f"Repeat this sentence exactly: {sentence}")
+    for sentence in (
+        "The quick brown fox jumps over the lazy dog near the river bank.",
+        "Our meeting is moved to Thursday at 3 pm in room 204.",
+    )
+] + [
+    f"Passage: {PASSAGE}\n\nQuestion: Where do the White Nile and the Blue Nile meet?\nAnswer:",
+    f"Text: {PASSAGE}\n\nCopy the first sentence of the text:",
+]
+
+
+@pytest.mark.parametrize("source", ["ngram", "hybrid", "model"])
+def test_every_draft_source_is_exact(server, baseline, source):
+    """Greedy output equals target-only for every draft source, on chat and input-grounded prompts."""
+    client = _client(server)
+    base = _client(server, model="baseline")
+    prompts = PROMPTS + GROUNDED
+    with ThreadPoolExecutor(4) as pool:
+        want = baseline + list(pool.map(lambda p: base.generate(p, MAX_TOKENS).token_ids, GROUNDED))
+        gens = list(pool.map(lambda p: client.generate(p, MAX_TOKENS, num_draft_tokens=3, draft_source=source), prompts))
+    assert [g.token_ids for g in gens] == want
+    by_source = [sum(g.stats["accepted_by_source"][i] for g in gens) for i in range(2)]  # [model, ngram]
+    accepted = sum(g.stats["total_accepted_draft_tokens"] for g in gens)
+    assert sum(by_source) == accepted
+    if source == "ngram":
+        assert by_source[0] == 0 and by_source[1] > 0  # grounded prompts copy from the prompt
+    if source == "model":
+        assert by_source[1] == 0
+    if source == "hybrid":
+        assert by_source[0] > 0 and by_source[1] > 0
+
+
 def test_streamed_text_concatenates_to_the_whole_text(server):
     client = _client(server)
     for prompt in (PROMPTS[-1], PROMPTS[-2], PROMPTS[-3]):  # multi-byte characters split across tokens

@@ -8,7 +8,7 @@ substitution, so no `${...}` can stay unfilled. The engine flavours differ only 
 Repository (reference or tensorrt_llm flavour):
   preprocessing, postprocessing      target tokenizer
   tensorrt_llm, tensorrt_llm_draft   target and draft engines
-  ngram_draft                        prompt-lookup drafter (when the draft source uses it)
+  ngram_draft                        prompt-lookup drafter (any request may pick draft_source)
   speculative, ensemble              the speculative loop and text-in/text-out endpoint
   baseline_loop, baseline            the same, target-only (the A/B baseline)
 """
@@ -174,7 +174,7 @@ def _write_models(
 ) -> None:
     spec = cfg.speculative
     uses_model = cfg.draft is not None and spec.draft_source in ("model", "hybrid")
-    uses_ngram = spec.draft_source in ("ngram", "hybrid")
+    uses_ngram = True  # weightless and cheap: every deployment can take draft_source per request
     w = _Writer(cfg, partial)
     tokenizer_dir = checkpoint_path(cfg, "target").resolve()
 
