@@ -1,11 +1,249 @@
-"""`trtspec bench` (placeholder until its issue lands)."""
+"""`trtspec bench`: speculative vs target-only A/B over concurrency levels and draft lengths."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from pathlib import Path
+from typing import Any, Sequence
 
 import click
+from rich.markup import escape
 
-from trtspec.commands._common import not_implemented
+from trtspec.commands._common import UserError, console, err_console
+
+_HELP = """Measure speculative decoding against target-only decoding on a running trtspec deployment.
+
+\b
+For every cell (concurrency level x num_draft_tokens) it sends --requests
+streamed requests with that many in flight at once (after --warmup
+requests that are not counted), and measures per request: time to first
+token (TTFT), inter-token latency (ITL), end-to-end latency, output
+tokens (counted from the returned token ids) and tokens/s per user; per
+cell: p50/p90/p99, total output tokens/s and, with drafting on, the
+acceptance rate, tokens per target call and acceptance per draft position.
+
+\b
+num_draft_tokens 0 is the target-only `baseline` endpoint; k > 0 is the
+speculative `ensemble` endpoint with k draft tokens per step. The baseline
+always runs at every concurrency: each speculative cell's speedup is its
+output tokens/s over the baseline's at the same concurrency. The report
+names the best k per concurrency and the crossover: the concurrency above
+which speculation stops paying.
+
+\b
+Before and after the run it reads Triton's metrics endpoint and checks that
+the spec_decode_* counters moved by exactly what the responses reported.
+
+\b
+Output: a table here, and in --output DIR: results.json (field names:
+docs/bench-results.md), results.csv (one row per cell), requests.csv (one
+row per request), speedup.png, acceptance_per_position.png, latency.png,
+and with --profile a GPU (or, without NVIDIA driver, CPU/RSS) timeline.
+
+\b
+Examples:
+  trtspec serve out/model_repository &           # a deployment to measure
+  trtspec bench                                  # localhost:8000, defaults
+  trtspec bench --concurrency 1,2,4,8 --draft-tokens 0,1,2,4,6 --requests 32
+  trtspec bench --protocol grpc --url gpu-box:8001 --prompt-kind code
+  trtspec bench --prompts my_prompts.jsonl --max-tokens 128 --profile
+  trtspec bench --config build_configs/demo.yaml --requests 4   # own server
+"""
 
 
-@click.command("bench")
-def command() -> None:
-    """Not implemented yet."""
-    not_implemented("bench", "see the open issues")
+def _int_list(option: str, text: str, minimum: int) -> list[int]:
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v != ""]
+    except ValueError:
+        raise UserError(f"{option}: expected comma-separated integers like 1,4, got {text!r}") from None
+    if not values:
+        raise UserError(f"{option}: give at least one value")
+    bad = [v for v in values if v < minimum]
+    if bad:
+        raise UserError(f"{option}: values must be >= {minimum}, got {', '.join(map(str, bad))}")
+    return sorted(set(values))
+
+
+def default_output_dir(prefix: str = "trtspec-bench") -> Path:
+    return Path(f"{prefix}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
+
+
+def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_progress: bool = True) -> dict:
+    """Run the bench, write the results, print the table and the summary; return the results."""
+    from trtspec.bench import RichProgress, run_bench, summary_lines, table, write_results
+
+    run = run_bench(settings, prompts, RichProgress(console) if show_progress else None)
+    results = write_results(run, output)
+    console.print()
+    console.print(table(results))
+    console.print()
+    for line in summary_lines(results):
+        console.print(line, soft_wrap=True)
+    files = results["files"]
+    console.print(f"[bold]Results[/]  {escape(str(output))}/  ({', '.join(files.values())})", soft_wrap=True)
+    for w in results.get("warnings", []):
+        err_console.print(f"[yellow]warning:[/] {escape(w)}")
+    return results
+
+
+@click.command("bench", help=_HELP, short_help="A/B benchmark: speculative vs target-only, sweeps, crossover.")
+@click.option("--url", default=None, metavar="HOST:PORT",
+              help="The deployment's HTTP address (or gRPC with --protocol grpc) "
+                   "[default: localhost:8000, or localhost:8001 for gRPC].")
+@click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True,
+              help="How to send the streamed requests.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Instead of --url: build this config's repository (reference engine) into a temp dir, start "
+                   "Triton on free ports, bench it, stop it.")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="FILE.jsonl", help='Prompts, one JSON object a line: {"prompt": "...", "kind": "chat"} '
+                                         "(sent as is: apply the chat template yourself).")
+@click.option("--prompt-kind", default="chat,code,grounded", show_default=True,
+              help="Built-in prompts to use (8 of each): chat, code (completion of a source file), grounded "
+                   "(summarise / rewrite / extract from a given passage).")
+@click.option("--num-prompts", type=click.IntRange(min=1), default=None,
+              help="Use only the first N prompts (the built-in set interleaves the kinds).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Output tokens per request (a request may end earlier at the end-of-sequence token).")
+@click.option("--concurrency", default="1,4", show_default=True, metavar="LIST",
+              help="Concurrency levels: requests in flight at once (comma-separated).")
+@click.option("--draft-tokens", default="0,2,4", show_default=True, metavar="LIST",
+              help="num_draft_tokens values; 0 = the target-only baseline endpoint (always run).")
+@click.option("--k0-on-ensemble", is_flag=True,
+              help="Also run the speculative endpoint with num_draft_tokens=0 (drafting off): its speedup over "
+                   "the baseline (~1) is the speculative loop's own overhead.")
+@click.option("--requests", "requests_per_cell", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Measured requests per cell (prompts are reused in order when there are fewer).")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Warm-up requests per cell, sent first and excluded from every figure.")
+@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Results directory [default: ./trtspec-bench-<date>-<time>].")
+@click.option("--profile", is_flag=True,
+              help="Sample the GPUs (NVML; CPU/RSS of the server without NVIDIA driver) during the run: "
+                   "timeline + summary + plot aligned with the requests.")
+@click.option("--profile-pid", "profile_pids", type=int, multiple=True, metavar="PID",
+              help="With --profile and no NVIDIA driver: also sample this process and its children (e.g. a "
+                   "tritonserver on this machine; repeatable). With --config the bench's own server is sampled.")
+@click.option("--metrics-url", default=None, metavar="URL",
+              help="Triton's Prometheus endpoint for the counter cross-check [default: port 8002 of the --url "
+                   "host; 'none' skips the check].")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for one response.")
+def bench(
+    url: str | None,
+    protocol: str,
+    config_path: Path | None,
+    prompts_file: Path | None,
+    prompt_kind: str,
+    num_prompts: int | None,
+    max_tokens: int,
+    concurrency: str,
+    draft_tokens: str,
+    k0_on_ensemble: bool,
+    requests_per_cell: int,
+    warmup: int,
+    output: Path | None,
+    profile: bool,
+    profile_pids: tuple[int, ...],
+    metrics_url: str | None,
+    timeout: float,
+) -> None:
+    from trtspec.bench import BenchError, BenchSettings, PromptError, builtin_prompts, load_prompts, parse_kinds
+    from trtspec.bench.metrics import MetricsError
+
+    if config_path is not None and url is not None:
+        raise UserError("give either --url (a running deployment) or --config (start one), not both")
+    if config_path is not None and metrics_url is not None:
+        raise UserError("--metrics-url applies to --url; with --config the bench reads its own server's metrics")
+    try:
+        if prompts_file is not None:
+            prompts = load_prompts(prompts_file)
+        else:
+            prompts = builtin_prompts(parse_kinds(prompt_kind))
+    except PromptError as e:
+        raise UserError(escape(str(e))) from None
+    if num_prompts is not None:
+        prompts = prompts[:num_prompts]
+    settings = BenchSettings(
+        url=url or ("localhost:8001" if protocol == "grpc" else "localhost:8000"),
+        protocol=protocol,
+        max_tokens=max_tokens,
+        concurrency=_int_list("--concurrency", concurrency, 1),
+        draft_tokens=_int_list("--draft-tokens", draft_tokens, 0),
+        requests_per_cell=requests_per_cell,
+        warmup=warmup,
+        k0_on_ensemble=k0_on_ensemble,
+        metrics_url=metrics_url,
+        profile=profile,
+        profile_pids=list(profile_pids) or None,
+        timeout=timeout,
+    )
+    output = output or default_output_dir()
+    try:
+        if config_path is None:
+            bench_and_report(settings, prompts, output)
+        else:
+            _bench_own_server(config_path, settings, prompts, output)
+    except (BenchError, MetricsError) as e:
+        raise UserError(escape(str(e))) from None
+    except KeyboardInterrupt:
+        err_console.print("\n[yellow]interrupted[/]")
+        raise SystemExit(130) from None
+
+
+def _bench_own_server(config_path: Path, settings: Any, prompts: Sequence[Any], output: Path) -> None:
+    from trtspec.bench.local import local_deployment, server_pids
+    from trtspec.config import ConfigError, load_config
+    from trtspec.demo_pair import DemoPairError
+    from trtspec.repository import RepositoryError
+    from trtspec.server import ServerError
+
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as e:
+        raise UserError(escape(str(e))) from None
+    if cfg.engine.value != "reference":
+        raise UserError(f"--config starts the reference engine only (this config has engine: {cfg.engine.value}); "
+                        "build TensorRT-LLM engines with `trtspec build CONFIG`, serve them with `trtspec serve`, "
+                        "and point `trtspec bench --url` at that server")
+    too_long = [k for k in settings.draft_tokens if k > cfg.speculative.max_draft_len]
+    if too_long:
+        raise UserError(f"--draft-tokens {', '.join(map(str, too_long))}: larger than this config's "
+                        f"speculative.max_draft_len ({cfg.speculative.max_draft_len})")
+    output.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    status = console.status("Preparing the deployment...", spinner="dots")
+    status.start()
+    try:
+        _prepare_checkpoints(cfg, lambda m: status.update(f"Preparing the deployment: {m}..."))
+        with local_deployment(cfg, log_file=output / "triton.log",
+                              on_step=lambda m: status.update(f"{m[0].upper()}{m[1:]}...")) as server:
+            status.stop()
+            ep = server.endpoints
+            console.print(f"[green]Triton is ready[/] after {time.monotonic() - started:.0f} s "
+                          f"(HTTP {ep.http_address}, gRPC {ep.grpc_address}; "
+                          f"log: {escape(str(output / 'triton.log'))})", soft_wrap=True)
+            settings.url = ep.grpc_address if settings.protocol == "grpc" else ep.http_address
+            settings.metrics_url = ep.metrics
+            settings.profile_pids = server_pids(server) or None
+            try:
+                bench_and_report(settings, prompts, output)
+            finally:
+                console.print("Stopping Triton...")
+    except (ServerError, DemoPairError, RepositoryError, ConfigError) as e:
+        raise UserError(escape(str(e))) from None
+    finally:
+        status.stop()
+
+
+def _prepare_checkpoints(cfg: Any, say: Any) -> None:
+    """Prepare the demo pair first when the config names it (with progress), so that generating the repository
+    does not sit silent for minutes."""
+    refs = [m.checkpoint for m in (cfg.target, cfg.draft) if m is not None]
+    if any(r.startswith("demo:") for r in refs):
+        from trtspec.demo_pair import prepare_demo_pair
+
+        prepare_demo_pair(progress=say)
+
+
+command = bench

@@ -10,6 +10,7 @@ import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+# importing trtspec sets OMP_WAIT_POLICY=PASSIVE before torch loads (see trtspec/__init__.py)
 from trtspec import triton_io as io
 from trtspec.reference_engine import EngineRequest, ReferenceEngine
 from trtspec.speculative import SamplingParams

@@ -1,0 +1,61 @@
+"""`trtspec demo`: the shipped config, and the whole demo (--quick) end to end on a real Triton."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from trtspec.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_packaged_demo_config_is_the_checkouts():
+    """trtspec/assets/demo.yaml is the copy `trtspec demo` uses when installed from a wheel: it must not drift."""
+    assert (ROOT / "trtspec" / "assets" / "demo.yaml").read_text() == (ROOT / "build_configs" / "demo.yaml").read_text()
+
+
+def test_demo_finds_its_config():
+    from trtspec.commands.demo import demo_config_path
+    from trtspec.config import load_config
+
+    path = demo_config_path()
+    assert path == ROOT / "build_configs" / "demo.yaml"
+    cfg = load_config(path)
+    assert cfg.target.checkpoint == "demo:target" and cfg.draft.checkpoint == "demo:draft"
+
+
+def test_demo_help():
+    result = CliRunner().invoke(cli, ["demo", "--help"])
+    assert result.exit_code == 0
+    for word in ("--quick", "demo pair", "A/B bench", "concurrency 1"):
+        assert word in result.output
+
+
+@pytest.mark.slow
+def test_demo_quick_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trtspec.cli", "demo", "--quick", "--output", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    for text in ("1/5", "One example completion", "acceptance", "tokens per target call", "A/B bench",
+                 "speedup", "Crossover", "Stopping Triton", "Demo done"):
+        assert text in output, text
+    assert "Traceback" not in output
+    res = json.loads((out / "results.json").read_text())
+    assert res["summary"]["num_errors"] == 0
+    assert {(c["concurrency"], c["endpoint"], c["num_draft_tokens"]) for c in res["cells"]} == {
+        (1, "baseline", 0), (1, "ensemble", 2), (2, "baseline", 0), (2, "ensemble", 2)}
+    for c in res["cells"]:
+        if c["speculative"]:
+            assert 0.0 <= c["acceptance"]["rate"] <= 1.0
+    for name in ("speedup.png", "acceptance_per_position.png", "latency.png", "results.csv", "triton.log"):
+        assert (out / name).is_file(), name

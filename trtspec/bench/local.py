@@ -1,0 +1,83 @@
+"""A throw-away deployment for `trtspec bench --config` and `trtspec demo`: the repository is generated into a
+temp dir, Triton is started on free ports, and both are gone when the ``with`` block ends (also on errors and
+Ctrl-C)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+from trtspec.bench.runner import BenchError
+from trtspec.config import BuildConfig, EngineKind
+from trtspec.repository import generate_repository
+from trtspec.server import ServerOptions, TritonServer, create_server
+
+
+def server_pids(server: TritonServer) -> list[int]:
+    """The server process and the processes of its group (the Python-backend stubs run the models)."""
+    pid = getattr(server, "pid", None)
+    if not pid:
+        return []
+    try:
+        from trtspec.server.local import process_group_members
+
+        members = process_group_members(pid)
+    except Exception:  # noqa: BLE001 - best effort (not Linux, process gone)
+        members = []
+    return sorted({pid, *members})
+
+
+def engine_env(cfg: BuildConfig) -> dict[str, str]:
+    """On CPU, one torch thread per engine process unless $TRTSPEC_TORCH_THREADS says otherwise: the draft and
+    the target run in separate processes, and two OpenMP pools spinning on the same few cores slow every
+    forward pass down many times (measured on a busy 2-core machine: 24 demo tokens in 4 s with one thread
+    per engine, 60 s with torch's default)."""
+    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and shutil.which("nvidia-smi") is None)
+    if on_cpu and not os.environ.get("TRTSPEC_TORCH_THREADS"):
+        return {"TRTSPEC_TORCH_THREADS": "1"}
+    return {}
+
+
+@contextlib.contextmanager
+def local_deployment(
+    cfg: BuildConfig,
+    *,
+    log_file: Path | None = None,
+    ready_timeout: float = 600.0,
+    on_step: Callable[[str], None] | None = None,
+) -> Iterator[TritonServer]:
+    """Generate ``cfg``'s repository (reference engine only: TensorRT-LLM engines need `trtspec build`), start
+    Triton, wait until every model is loaded, yield the server; stop it and remove the repository after."""
+    if cfg.engine is not EngineKind.reference:
+        raise BenchError(
+            f"--config runs the reference engine only (this config has engine: {cfg.engine.value}); "
+            "build TensorRT-LLM engines with `trtspec build CONFIG`, serve them with `trtspec serve`, "
+            "and point `trtspec bench --url` at that server"
+        )
+    step = on_step or (lambda _m: None)
+    tmp = Path(tempfile.mkdtemp(prefix="trtspec-deploy-"))
+    try:
+        step("writing the model repository")
+        repo = generate_repository(cfg, tmp / "model_repository")
+        options = ServerOptions(
+            repo,
+            http_port="auto",
+            grpc_port="auto",
+            metrics_port="auto",
+            log_file=log_file or tmp / "triton.log",
+            extra_env=engine_env(cfg),
+        )
+        server = create_server(options)
+        step("starting Triton and loading the models")
+        server.start()
+        try:
+            server.wait_ready(ready_timeout)
+            yield server
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,423 @@
+"""Runs the benchmark: every cell (concurrency x num_draft_tokens), warm-ups first, then N streamed requests
+sent by a fixed number of client threads (a closed loop: each thread sends its next request as soon as the
+previous one has finished).
+
+Per request it records when each streamed response arrived and how many token ids it carried (tokens are
+counted from the ids, never from text chunks), the final acceptance statistics the server reported, and the
+client's own overhead: the time between a response arriving and the client asking for the next one (the
+client library's decoding plus this module's bookkeeping; see ``_one_request``).
+
+``num_draft_tokens`` 0 is the target-only ``baseline`` endpoint; k > 0 is the speculative ``ensemble``
+endpoint with that many draft tokens. With ``k0_on_ensemble`` a third kind of cell runs ``ensemble`` with
+num_draft_tokens=0 (drafting off): the speculative loop's own overhead against the baseline.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from trtspec.bench.metrics import CrossCheck, default_metrics_url
+from trtspec.bench.prompts import Prompt
+from trtspec.client import Client, ClientError
+
+ENSEMBLE, BASELINE = "ensemble", "baseline"
+
+
+class BenchError(Exception):
+    """The benchmark cannot run or go on; the message is meant for the user."""
+
+
+@dataclass
+class BenchSettings:
+    url: str = "localhost:8000"
+    protocol: str = "http"
+    max_tokens: int = 64
+    concurrency: Sequence[int] = (1, 4)
+    draft_tokens: Sequence[int] = (0, 2, 4)
+    requests_per_cell: int = 16
+    warmup: int = 2  # per cell
+    k0_on_ensemble: bool = False
+    metrics_url: str | None = None  # None: Triton's default (port 8002 of the --url host); "" or "none": no check
+    profile: bool = False
+    profile_pids: Sequence[int] | None = None
+    timeout: float = 600.0
+
+    def validate(self) -> None:
+        if self.protocol not in ("http", "grpc"):
+            raise BenchError(f"protocol must be http or grpc, got {self.protocol!r}")
+        if self.max_tokens < 1:
+            raise BenchError(f"max tokens must be >= 1, got {self.max_tokens}")
+        if not self.concurrency or min(self.concurrency) < 1:
+            raise BenchError(f"concurrency levels must be >= 1, got {list(self.concurrency)}")
+        if not self.draft_tokens or min(self.draft_tokens) < 0:
+            raise BenchError(f"num_draft_tokens values must be >= 0, got {list(self.draft_tokens)}")
+        if self.requests_per_cell < 1:
+            raise BenchError(f"requests per cell must be >= 1, got {self.requests_per_cell}")
+        if self.warmup < 0:
+            raise BenchError(f"warm-up requests must be >= 0, got {self.warmup}")
+
+    @property
+    def resolved_metrics_url(self) -> str | None:
+        if self.metrics_url is None:
+            return default_metrics_url(self.url)
+        if self.metrics_url.strip().lower() in ("", "none", "off"):
+            return None
+        url = self.metrics_url.strip()
+        if "://" not in url:
+            url = "http://" + url
+        return url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
+
+
+@dataclass(frozen=True)
+class Cell:
+    concurrency: int
+    num_draft_tokens: int
+    endpoint: str  # ensemble | baseline
+
+    @property
+    def speculative(self) -> bool:
+        """Drafting on (the cells that speedup / best k / crossover are about)."""
+        return self.endpoint == ENSEMBLE and self.num_draft_tokens > 0
+
+    @property
+    def label(self) -> str:
+        if self.endpoint == BASELINE:
+            return f"c={self.concurrency} baseline"
+        return f"c={self.concurrency} k={self.num_draft_tokens}" + ("" if self.num_draft_tokens else " (ensemble)")
+
+
+def plan_cells(settings: BenchSettings) -> list[Cell]:
+    """Cells in run order: by concurrency, the baseline first, then k ascending. The baseline runs at every
+    concurrency even when 0 is not among the draft-token values: every speedup needs it."""
+    ks = sorted({k for k in settings.draft_tokens if k > 0})
+    cells = []
+    for c in sorted(set(settings.concurrency)):
+        cells.append(Cell(c, 0, BASELINE))
+        if settings.k0_on_ensemble:
+            cells.append(Cell(c, 0, ENSEMBLE))
+        cells.extend(Cell(c, k, ENSEMBLE) for k in ks)
+    return cells
+
+
+@dataclass
+class RequestRecord:
+    cell: Cell
+    index: int  # within the cell; warm-ups are numbered separately
+    warmup: bool
+    prompt: Prompt
+    start: float  # perf_counter when the request was sent
+    chunk_times: list[float] = field(default_factory=list)  # perf_counter when each response arrived
+    chunk_tokens: list[int] = field(default_factory=list)  # token ids each response carried
+    stats: dict[str, Any] = field(default_factory=dict)  # the last response's running stats (= the final ones)
+    client_overhead_s: float = 0.0
+    error: str | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return self.cell.endpoint
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.chunk_tokens)
+
+    @property
+    def end(self) -> float:
+        return self.chunk_times[-1] if self.chunk_times else self.start
+
+    @property
+    def e2e_s(self) -> float:
+        return self.end - self.start
+
+    @property
+    def first_token_time(self) -> float | None:
+        return next((t for t, n in zip(self.chunk_times, self.chunk_tokens) if n > 0), None)
+
+    @property
+    def ttft_s(self) -> float | None:
+        t = self.first_token_time
+        return None if t is None else t - self.start
+
+
+@dataclass
+class CellRun:
+    cell: Cell
+    records: list[RequestRecord]  # measured requests only
+    warmups: list[RequestRecord]
+    start: float
+    end: float
+
+    @property
+    def wall_s(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class BenchRun:
+    settings: BenchSettings
+    prompts: list[Prompt]
+    cells: list[CellRun]
+    t0: float  # perf_counter at the start of the run: every time in results.json is relative to it
+    started_at: str  # ISO 8601, UTC
+    duration_s: float
+    metrics_check: dict[str, Any]
+    sampler: Any = None  # trtspec.profiling sampler when profiling
+
+    @property
+    def all_records(self) -> list[RequestRecord]:
+        return [r for c in self.cells for r in (*c.warmups, *c.records)]
+
+
+class ProgressSink:
+    """What run_bench reports while it runs. The default does nothing."""
+
+    def begin(self, total: int) -> None: ...
+    def cell(self, cell: Cell, warmup: bool) -> None: ...
+    def advance(self, record: RequestRecord) -> None: ...
+    def end(self) -> None: ...
+
+
+class RichProgress(ProgressSink):
+    """A rich progress bar: requests done / total, the cell running, failures."""
+
+    def __init__(self, console: Any = None) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("requests"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[errors]}"),
+            console=console,
+            transient=False,
+        )
+        self.task: Any = None
+        self.errors = 0
+
+    def begin(self, total: int) -> None:
+        self.progress.start()
+        self.task = self.progress.add_task("bench", total=total, errors="")
+
+    def cell(self, cell: Cell, warmup: bool) -> None:
+        self.progress.update(self.task, description=f"{cell.label}{' warm-up' if warmup else ''}")
+
+    def advance(self, record: RequestRecord) -> None:
+        if record.error:
+            self.errors += 1
+        self.progress.update(self.task, advance=1, errors=f"[red]{self.errors} failed[/]" if self.errors else "")
+
+    def end(self) -> None:
+        self.progress.update(self.task, description="done")
+        self.progress.stop()
+
+
+# ------------------------------------------------------------------------------------------------ checks
+
+
+def _get(url: str, timeout: float = 5.0) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def check_deployment(settings: BenchSettings, endpoints: Sequence[str]) -> None:
+    """Fail early, with a message that says what to do, when the server or an endpoint is not there."""
+    url = settings.url.removeprefix("http://").removeprefix("https://").rstrip("/")
+    hint = ("start one with `trtspec serve REPO` (or let the bench start its own with --config CONFIG), "
+            "or point --url at it")
+    if settings.protocol == "http":
+        try:
+            status = _get(f"http://{url}/v2/health/ready")
+        except (urllib.error.URLError, OSError) as e:
+            raise BenchError(f"cannot reach Triton over HTTP at {url} ({getattr(e, 'reason', e)}): {hint}") from None
+        if status != 200:
+            raise BenchError(f"Triton at {url} is up but not ready (HTTP {status}); wait for its models to load")
+        for m in endpoints:
+            try:
+                ready = _get(f"http://{url}/v2/models/{m}/ready") == 200
+            except (urllib.error.URLError, OSError):
+                ready = False
+            if not ready:
+                raise BenchError(f"the server at {url} has no ready model {m!r}: is it a trtspec deployment "
+                                 f"(its repository has `ensemble` and `baseline`)?")
+        return
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        client = grpcclient.InferenceServerClient(url)
+    except Exception as e:  # noqa: BLE001 - bad address formats raise assorted errors
+        raise BenchError(f"bad gRPC address {url!r}: {e}") from None
+    try:
+        try:
+            ready = client.is_server_ready(client_timeout=5)
+        except InferenceServerException as e:
+            raise BenchError(f"cannot reach Triton over gRPC at {url} ({e.message()}): {hint}") from None
+        if not ready:
+            raise BenchError(f"Triton at {url} is up but not ready; wait for its models to load")
+        for m in endpoints:
+            try:
+                ok = client.is_model_ready(m, client_timeout=5)
+            except InferenceServerException:
+                ok = False
+            if not ok:
+                raise BenchError(f"the server at {url} has no ready model {m!r}: is it a trtspec deployment?")
+    finally:
+        client.close()
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+
+def _one_request(settings: BenchSettings, cell: Cell, index: int, prompt: Prompt, warmup: bool) -> RequestRecord:
+    """One streamed request.
+
+    Client overhead: for each response, the time from its arrival (the client stamps ``Chunk.time`` when the
+    bytes / the gRPC callback arrive) to the moment this loop asks for the next one, i.e. decoding by the
+    client library plus the bookkeeping here. When a response arrived while the previous one was still being
+    handled, only the time after that handling counts, so nothing is counted twice.
+    """
+    client = Client(settings.url, settings.protocol, model=cell.endpoint, timeout=settings.timeout)
+    params = {"num_draft_tokens": cell.num_draft_tokens} if cell.endpoint == ENSEMBLE else {}
+    rec = RequestRecord(cell, index, warmup, prompt, start=time.perf_counter())
+    times, tokens = rec.chunk_times, rec.chunk_tokens
+    overhead = 0.0
+    last_ask = rec.start
+    try:
+        for chunk in client.stream(prompt.text, settings.max_tokens, stream=True, **params):
+            times.append(chunk.time)
+            tokens.append(len(chunk.token_ids))
+            if chunk.stats:
+                rec.stats = chunk.stats
+            now = time.perf_counter()
+            overhead += now - max(chunk.time, last_ask)
+            last_ask = now
+    except ClientError as e:
+        rec.error = str(e) or type(e).__name__
+    except Exception as e:  # noqa: BLE001 - a broken connection must not kill the whole run
+        rec.error = f"{type(e).__name__}: {e}"
+    if rec.error is None and not times:
+        rec.error = "the server sent no response"
+    rec.client_overhead_s = overhead
+    return rec
+
+
+def _run_phase(
+    settings: BenchSettings,
+    cell: Cell,
+    items: list[tuple[int, Prompt]],
+    warmup: bool,
+    on_done: Callable[[RequestRecord], None],
+) -> list[RequestRecord]:
+    """Send ``items`` with ``cell.concurrency`` client threads; returns the records in request order."""
+    it = iter(items)
+    lock = threading.Lock()
+    stop = threading.Event()
+    out: list[RequestRecord] = []
+
+    def worker() -> None:
+        while not stop.is_set():
+            with lock:
+                item = next(it, None)
+            if item is None:
+                return
+            rec = _one_request(settings, cell, item[0], item[1], warmup)
+            with lock:
+                out.append(rec)
+            on_done(rec)
+
+    threads = [threading.Thread(target=worker, daemon=True, name=f"bench-{i}")
+               for i in range(min(cell.concurrency, len(items)))]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)
+    except KeyboardInterrupt:
+        stop.set()
+        raise
+    return sorted(out, key=lambda r: r.index)
+
+
+def _all_failed(records: list[RequestRecord], cell: Cell, phase: str) -> None:
+    if records and all(r.error for r in records):
+        raise BenchError(f"every {phase} request of {cell.label} failed; the first error: {records[0].error}")
+
+
+def run_bench(settings: BenchSettings, prompts: Sequence[Prompt], progress: ProgressSink | None = None) -> BenchRun:
+    """Run every cell and return the raw records (see trtspec.bench.report for the figures)."""
+    settings.validate()
+    if not prompts:
+        raise BenchError("no prompt to send")
+    prompts = list(prompts)
+    cells = plan_cells(settings)
+    check_deployment(settings, sorted({c.endpoint for c in cells}))
+    progress = progress or ProgressSink()
+
+    metrics_url = settings.resolved_metrics_url
+    check = CrossCheck(metrics_url) if metrics_url else None
+    sampler = None
+    if settings.profile:
+        try:
+            from trtspec.profiling import create_sampler
+        except ImportError as e:
+            raise BenchError(f"--profile needs trtspec.profiling, which cannot be imported here ({e})") from None
+        sampler = create_sampler(interval_s=0.1, pids=list(settings.profile_pids) if settings.profile_pids else None)
+
+    started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    if check:
+        check.start()
+    t0 = time.perf_counter()
+    if sampler is not None:
+        sampler.start()
+    runs: list[CellRun] = []
+    progress.begin(len(cells) * (settings.warmup + settings.requests_per_cell))
+    try:
+        for cell in cells:
+            warm: list[RequestRecord] = []
+            if settings.warmup:
+                progress.cell(cell, True)
+                if sampler is not None:
+                    sampler.mark(f"{cell.label} warm-up")
+                items = [(i, prompts[i % len(prompts)]) for i in range(settings.warmup)]
+                warm = _run_phase(settings, cell, items, True, progress.advance)
+                _all_failed(warm, cell, "warm-up")
+            progress.cell(cell, False)
+            if sampler is not None:
+                sampler.mark(cell.label)
+            items = [(i, prompts[i % len(prompts)]) for i in range(settings.requests_per_cell)]
+            start = time.perf_counter()
+            records = _run_phase(settings, cell, items, False, progress.advance)
+            end = max((r.end for r in records), default=time.perf_counter())
+            _all_failed(records, cell, "measured")
+            runs.append(CellRun(cell, records, warm, start, end))
+    finally:
+        progress.end()
+        if sampler is not None:
+            sampler.stop()
+    duration = time.perf_counter() - t0
+    all_records = [r for c in runs for r in (*c.warmups, *c.records)]
+    if check is not None:
+        metrics_check = check.finish(all_records)
+    else:
+        metrics_check = {"status": "skipped", "url": None, "reason": "disabled (--metrics-url none)", "models": {}}
+    return BenchRun(settings, prompts, runs, t0, started_at, duration, metrics_check, sampler)
