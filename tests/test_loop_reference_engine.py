@@ -183,3 +183,17 @@ def test_sampling_preserves_target_distribution(engines, use_draft_logits):
         obs, exp = obs[:-1], exp[:-1]
     assert chisquare(obs, exp).pvalue > 1e-3
     assert accepted > 0  # the draft really took part
+
+
+def test_concurrent_requests_sharing_a_prefix_keep_their_caches(tiny_target):
+    """Two interleaved requests with a common template prefix: each keeps reusing its own cache."""
+    eng = ReferenceEngine(tiny_target, device="cpu")
+    template = [0, 3, 4, 5]
+    a, b = template + [6, 7, 8, 9, 10, 11] * 4, template + [9, 8, 7, 6, 2, 2] * 4
+    ra = eng.run(EngineRequest(input_ids=a, output_len=1))
+    rb = eng.run(EngineRequest(input_ids=b, output_len=1))
+    assert rb.reused_tokens == len(template)  # shared the template prefix (a copy)
+    ra2 = eng.run(EngineRequest(input_ids=ra.tokens, output_len=1))
+    rb2 = eng.run(EngineRequest(input_ids=rb.tokens, output_len=1))
+    assert ra2.reused_tokens == len(a) and ra2.computed_tokens == 1
+    assert rb2.reused_tokens == len(b) and rb2.computed_tokens == 1

@@ -15,6 +15,7 @@ since the longest cached prefix.
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,30 +61,36 @@ class EngineResult:
 
 
 class PrefixCache:
-    """A few KV caches keyed by the tokens they hold; a call takes the one sharing the longest prefix.
+    """A few KV caches keyed by the tokens they hold; a call uses the one sharing the longest prefix.
 
-    An entry is taken out while in use and put back afterwards, so two requests can never crop
-    each other's cache; a request that finds nothing just recomputes.
+    An entry remembers how many of its tokens were committed (the input of the call that made it;
+    the draft tokens after them may be rejected). A cache whose committed tokens the new sequence
+    continues is the request's own: it is taken out while in use and put back afterwards. A cache
+    that only shares a shorter prefix (another request with the same chat template or system prompt)
+    is copied instead, so concurrent requests never crop each other's caches.
     """
 
     def __init__(self, max_entries: int = 16):
         self.max_entries = max_entries
-        self._entries: "OrderedDict[int, tuple[list[int], Any]]" = OrderedDict()
+        self._entries: "OrderedDict[int, tuple[list[int], int, Any]]" = OrderedDict()
         self._next = 0
 
     def take(self, tokens: Sequence[int]) -> tuple[Any | None, int]:
         best_key, best_len = None, 0
-        for key, (held, _) in self._entries.items():
+        for key, (held, _, _) in self._entries.items():
             n = _common_prefix(held, tokens)
             if n > best_len:
                 best_key, best_len = key, n
         if best_key is None:
             return None, 0
-        _, cache = self._entries.pop(best_key)
-        return cache, best_len
+        _, committed, cache = self._entries[best_key]
+        if best_len >= committed:
+            del self._entries[best_key]
+            return cache, best_len
+        return copy.deepcopy(cache), best_len  # someone else's: share the prefix, leave theirs intact
 
-    def put(self, tokens: list[int], cache: Any) -> None:
-        self._entries[self._next] = (tokens, cache)
+    def put(self, tokens: list[int], cache: Any, committed: int | None = None) -> None:
+        self._entries[self._next] = (tokens, len(tokens) if committed is None else committed, cache)
         self._next += 1
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
@@ -199,7 +206,7 @@ class ReferenceEngine:
         seq, draft = list(req.input_ids), [int(t) for t in req.draft_ids or []]
         k = len(draft)
         logits, cache, reuse = self._forward(seq + draft, need_logits=k + 1)
-        self.cache.put(seq + draft, cache)
+        self.cache.put(seq + draft, cache, committed=len(seq))
         rows = logits[-(k + 1) :].cpu().numpy()
         rows = np.stack([self._mask(rows[i], seq + draft[:i], req, i) for i in range(k + 1)])
         if req.sampling.greedy:

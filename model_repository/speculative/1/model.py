@@ -26,8 +26,12 @@ class Metrics:
         counter = pb_utils.MetricFamily.COUNTER
         labels = {"model": model_name}
 
+        self._families = []  # Triton deletes a family (and fails its metrics) once its object is collected
+
         def family(name, doc):
-            return pb_utils.MetricFamily(name=name, description=doc, kind=counter)
+            f = pb_utils.MetricFamily(name=name, description=doc, kind=counter)
+            self._families.append(f)
+            return f
 
         self.requests = family("spec_decode_num_requests", "Requests finished by the speculative loop").Metric(labels)
         self.drafts = family("spec_decode_num_drafts", "Iterations that proposed draft tokens").Metric(labels)
