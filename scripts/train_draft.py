@@ -35,7 +35,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch
-import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -551,8 +550,10 @@ def main() -> None:
             t_step3 = time.monotonic()
         if budget_end is not None and step == 10 and args.steps_sized is None:
             per_step = (time.monotonic() - t_step3) / 7
-            reserve = 90 + t_eval * (2 + 2000 // args.eval_every)
-            fit = step + int((budget_end - time.monotonic() - reserve) / per_step)
+            # Each step also carries its share of the periodic held-out evaluation; keep a minute (and one
+            # last evaluation) for writing the result.
+            per_step_all = per_step + t_eval / args.eval_every
+            fit = step + int((budget_end - time.monotonic() - 60 - t_eval) / per_step_all)
             args.steps = args.steps_sized = max(step + 10, min(2000, fit))
             log(f"budget: {per_step:.1f} s/step -> {args.steps} steps in total")
         tok_seen += int(batch[0].ne(0).sum())
@@ -586,6 +587,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / (demo_pair.ASSET_TENSORS + ".tmp")
     save_file(layers, str(tmp), metadata={"format": "pt", "dtype": "float16"})
+    os.chmod(tmp, 0o644)  # safetensors writes 0600; this file ships as package data
     os.replace(tmp, out / demo_pair.ASSET_TENSORS)
     info = {
         "model": "SmolLM2-135M-Instruct draft: target decoder layers 0-3 distilled on target-generated text",
