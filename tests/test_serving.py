@@ -205,7 +205,7 @@ def _post(server, body):
         ({"text_input": "hello", "max_tokens": 0}, "max_tokens must be > 0"),
         ({"text_input": "hello", "max_tokens": 8, "num_draft_tokens": 9}, "larger than max_draft_len 8"),
         ({"text_input": "word " * 300, "max_tokens": 8}, "exceeds max_input_len"),
-        ({"text_input": "hello", "max_tokens": "eight"}, "max_tokens"),  # wrong dtype: Triton rejects it first
+        ({"text_input": "hello", "max_tokens": "eight"}, "Unable to parse"),  # wrong dtype: Triton rejects it first
         ({"text_input": "hello", "max_tokens": 8, "draft_source": "psychic"}, "draft_source must be one of"),
     ],
 )

@@ -183,19 +183,23 @@ class TritonPythonModel:
             last = None
             for chunk in self.loop.run(req):
                 last = chunk
+                if chunk.final:
+                    break
                 if sender.is_cancelled():
                     break
                 if streaming:
-                    flags = _FINAL if chunk.final else 0
-                    sender.send(self._response(chunk.new_tokens, chunk.generated_before, chunk), flags=flags)
+                    sender.send(self._response(chunk.new_tokens, chunk.generated_before, chunk))
             if last is None:
                 raise EngineCallError("the loop produced no output")
             generated = last.generated_before + last.new_tokens
-            if not streaming:
-                sender.send(self._response(generated, [], last), flags=_FINAL)
-            elif not last.final:  # cancelled mid-way
-                sender.send(flags=_FINAL)
+            # counters first: a client that scrapes /metrics after its final response sees them
             self.metrics.record(last.stats, last.source_counts, len(generated))
+            if not last.final:  # cancelled mid-way
+                sender.send(flags=_FINAL)
+            elif streaming:
+                sender.send(self._response(last.new_tokens, last.generated_before, last), flags=_FINAL)
+            else:
+                sender.send(self._response(generated, [], last), flags=_FINAL)
         except LoopRequestError as e:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=_FINAL)
         except Exception as e:  # engine failure: report it, keep serving
