@@ -204,6 +204,7 @@ def build_results(run: BenchRun) -> dict[str, Any]:
             "concurrency": sorted(set(s.concurrency)),
             "draft_tokens": sorted(set(s.draft_tokens) | {0}),
             "k0_on_ensemble": s.k0_on_ensemble,
+            "draft_source": s.draft_source,
             "requests_per_cell": s.requests_per_cell,
             "warmup_per_cell": s.warmup,
             "profile": s.profile,

@@ -43,6 +43,7 @@ class BenchSettings:
     requests_per_cell: int = 16
     warmup: int = 2  # per cell
     k0_on_ensemble: bool = False
+    draft_source: str | None = None  # model | ngram | hybrid for the speculative cells; None: the deployment's
     metrics_url: str | None = None  # None: Triton's default (port 8002 of the --url host); "" or "none": no check
     profile: bool = False
     profile_pids: Sequence[int] | None = None
@@ -297,6 +298,8 @@ def _one_request(settings: BenchSettings, cell: Cell, index: int, prompt: Prompt
     """
     client = Client(settings.url, settings.protocol, model=cell.endpoint, timeout=settings.timeout)
     params = {"num_draft_tokens": cell.num_draft_tokens} if cell.endpoint == ENSEMBLE else {}
+    if cell.endpoint == ENSEMBLE and settings.draft_source:
+        params["draft_source"] = settings.draft_source
     rec = RequestRecord(cell, index, warmup, prompt, start=time.perf_counter())
     times, tokens = rec.chunk_times, rec.chunk_tokens
     overhead = 0.0

@@ -110,6 +110,9 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
               help="Concurrency levels: requests in flight at once (comma-separated).")
 @click.option("--draft-tokens", default="0,2,4", show_default=True, metavar="LIST",
               help="num_draft_tokens values; 0 = the target-only baseline endpoint (always run).")
+@click.option("--draft-source", type=click.Choice(["model", "ngram", "hybrid"]), default=None,
+              help="Who proposes tokens in the speculative cells: the draft model, prompt lookup (n-gram), or "
+                   "n-gram when it finds a match else the model. Default: the deployment's draft_source.")
 @click.option("--k0-on-ensemble", is_flag=True,
               help="Also run the speculative endpoint with num_draft_tokens=0 (drafting off): its speedup over "
                    "the baseline (~1) is the speculative loop's own overhead.")
@@ -139,6 +142,7 @@ def bench(
     max_tokens: int,
     concurrency: str,
     draft_tokens: str,
+    draft_source: str | None,
     k0_on_ensemble: bool,
     requests_per_cell: int,
     warmup: int,
@@ -173,6 +177,7 @@ def bench(
         requests_per_cell=requests_per_cell,
         warmup=warmup,
         k0_on_ensemble=k0_on_ensemble,
+        draft_source=draft_source,
         metrics_url=metrics_url,
         profile=profile,
         profile_pids=list(profile_pids) or None,
