@@ -239,12 +239,12 @@ def test_wrong_dtype_over_grpc_is_rejected(server):
 
 
 def _metric(server, name, model="speculative"):
-    with urllib.request.urlopen(server.endpoints.metrics + "/metrics", timeout=10) as r:
+    with urllib.request.urlopen(server.endpoints.metrics, timeout=10) as r:
         text = r.read().decode()
     for line in text.splitlines():
         if line.startswith(name + "{") and f'model="{model}"' in line:
             return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    raise AssertionError(f"{name}{{model={model!r}}} is not on {server.endpoints.metrics}")
 
 
 def test_draft_unloaded_mid_run_falls_back_to_target_only(server, baseline):
