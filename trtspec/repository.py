@@ -16,7 +16,6 @@ Repository (reference or tensorrt_llm flavour):
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from google.protobuf import text_format
@@ -33,12 +32,6 @@ ENSEMBLE, BASELINE = "ensemble", "baseline"
 
 class RepositoryError(Exception):
     pass
-
-
-@dataclass(frozen=True)
-class Endpoints:
-    speculative: str = ENSEMBLE
-    baseline: str = BASELINE
 
 
 def load_template(model: str) -> mc.ModelConfig:
