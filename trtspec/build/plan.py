@@ -230,8 +230,12 @@ def convert_argv(
     tools: Tools, script: Path, model_dir: Path, out: Path, m: ModelConfig
 ) -> list[str]:
     """HF -> TensorRT-LLM checkpoint with NVIDIA's convert_checkpoint.py (weights in m.dtype, m's mapping)."""
+    return [tools.python, str(script), *_conversion_args(model_dir, out, m)]
+
+
+def _conversion_args(model_dir: Path, out: Path, m: ModelConfig) -> list[str]:
+    """The arguments convert_checkpoint.py and trtspec.build.convert share."""
     return [
-        tools.python, str(script),
         "--model_dir", str(model_dir),
         "--output_dir", str(out),
         "--dtype", m.dtype,
@@ -242,14 +246,7 @@ def convert_argv(
 
 def api_convert_argv(tools: Tools, model_dir: Path, out: Path, m: ModelConfig) -> list[str]:
     """HF -> TensorRT-LLM checkpoint through TensorRT-LLM's Python API (trtspec.build.convert)."""
-    return [
-        tools.python, "-m", "trtspec.build.convert",
-        "--model_dir", str(model_dir),
-        "--output_dir", str(out),
-        "--dtype", m.dtype,
-        "--tp_size", str(m.tp_size),
-        "--pp_size", str(m.pp_size),
-    ]  # fmt: skip
+    return [tools.python, "-m", "trtspec.build.convert", *_conversion_args(model_dir, out, m)]
 
 
 def quantize_argv(tools: Tools, model_dir: Path, out: Path, m: ModelConfig) -> list[str]:

@@ -301,30 +301,24 @@ _HAS_CHILDREN_FILE = (_PROC / "self" / "task" / str(os.getpid()) / "children").e
 def process_tree(pids: Iterable[int]) -> list[int]:
     """The given pids (those alive) and all their descendants, in discovery order."""
     roots = [p for p in pids if (_PROC / str(p)).exists()]
+    children = _children
+    if not _HAS_CHILDREN_FILE:
+        # no children files: one pass over /proc building the parent map
+        by_parent: dict[int, list[int]] = {}
+        for d in _PROC.iterdir():
+            if d.name.isdigit():
+                st = read_proc_stat(int(d.name))
+                if st is not None:
+                    by_parent.setdefault(st.ppid, []).append(st.pid)
+        children = lambda p: by_parent.get(p, [])  # noqa: E731
     seen: dict[int, None] = {}
-    if _HAS_CHILDREN_FILE:
-        stack = list(roots)
-        while stack:
-            p = stack.pop(0)
-            if p in seen:
-                continue
-            seen[p] = None
-            stack.extend(_children(p))
-        return list(seen)
-    # no children files: one pass over /proc building the parent map
-    by_parent: dict[int, list[int]] = {}
-    for d in _PROC.iterdir():
-        if d.name.isdigit():
-            st = read_proc_stat(int(d.name))
-            if st is not None:
-                by_parent.setdefault(st.ppid, []).append(st.pid)
     stack = list(roots)
     while stack:
         p = stack.pop(0)
         if p in seen:
             continue
         seen[p] = None
-        stack.extend(by_parent.get(p, []))
+        stack.extend(children(p))
     return list(seen)
 
 
