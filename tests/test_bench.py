@@ -291,7 +291,7 @@ STAT_FIELDS = set(st.STAT_KEYS)
 TOP_FIELDS = {"schema_version", "tool", "trtspec_version", "started_at", "duration_s", "settings", "prompts", "cells",
               "summary", "metrics_check", "profile", "requests", "files"}
 SETTINGS_FIELDS = {"url", "protocol", "metrics_url", "max_tokens", "concurrency", "draft_tokens", "draft_source",
-                   "k0_on_ensemble", "requests_per_cell", "warmup_per_cell", "profile"}
+                   "draft_length_policy", "k0_on_ensemble", "requests_per_cell", "warmup_per_cell", "profile"}
 CELL_FIELDS = {"label", "concurrency", "num_draft_tokens", "endpoint", "speculative", "num_requests", "num_ok",
                "num_errors", "num_warmup", "errors", "wall_s", "output_tokens", "output_tokens_per_s",
                "requests_per_s", "ended_early", "output_tokens_per_request", "ttft_s", "itl_token_s", "itl_chunk_s",

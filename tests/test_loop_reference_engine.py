@@ -123,6 +123,7 @@ def test_draft_failure_falls_back_to_target_only(engines):
         (dict(prompt=[0, 1], max_tokens=4, num_draft_tokens=9), "max_draft_len"),
         (dict(prompt=[0] * 60, max_tokens=8), "max_input_len"),
         (dict(prompt=[0, 1], max_tokens=4, draft_source="magic"), "draft_source"),
+        (dict(prompt=[0, 1], max_tokens=4, draft_length_policy="often"), "draft_length_policy"),
     ],
 )
 def test_bad_requests_are_rejected_with_a_reason(engines, kw, msg):
@@ -197,3 +198,21 @@ def test_concurrent_requests_sharing_a_prefix_keep_their_caches(tiny_target):
     rb2 = eng.run(EngineRequest(input_ids=rb.tokens, output_len=1))
     assert ra2.reused_tokens == len(a) and ra2.computed_tokens == 1
     assert rb2.reused_tokens == len(b) and rb2.computed_tokens == 1
+
+
+def test_common_prefix_matches_a_plain_scan():
+    import random
+
+    from trtspec.reference_engine import _common_prefix
+
+    def scan(a, b):
+        i = 0
+        while i < min(len(a), len(b)) and a[i] == b[i]:
+            i += 1
+        return i
+
+    rng = random.Random(0)
+    for _ in range(5000):
+        a = [rng.randint(0, 2) for _ in range(rng.randint(0, 40))]
+        b = a[: rng.randint(0, len(a))] + [rng.randint(0, 2) for _ in range(rng.randint(0, 10))]
+        assert _common_prefix(a, b) == _common_prefix(b, a) == scan(a, b)

@@ -124,15 +124,18 @@ GROUNDED = [
 ]
 
 
-@pytest.mark.parametrize("source", ["ngram", "hybrid", "model"])
+@pytest.mark.parametrize("source", ["ngram", "hybrid", "model", "hybrid-adaptive"])
 def test_every_draft_source_is_exact(server, baseline, source):
-    """Greedy output equals target-only for every draft source, on chat and input-grounded prompts."""
+    """Greedy output equals target-only for every draft source, on chat and input-grounded prompts
+    (hybrid-adaptive: the per-request adaptive policy, which times the sources and skips one that does not pay)."""
+    source, _, policy = source.partition("-")
     client = _client(server)
     base = _client(server, model="baseline")
     prompts = PROMPTS + GROUNDED
     with ThreadPoolExecutor(4) as pool:
         want = baseline + list(pool.map(lambda p: base.generate(p, MAX_TOKENS).token_ids, GROUNDED))
-        gens = list(pool.map(lambda p: client.generate(p, MAX_TOKENS, num_draft_tokens=3, draft_source=source), prompts))
+        gens = list(pool.map(lambda p: client.generate(p, MAX_TOKENS, num_draft_tokens=3, draft_source=source,
+                                                       draft_length_policy=policy or None), prompts))
     assert [g.token_ids for g in gens] == want
     by_source = [sum(g.stats["accepted_by_source"][i] for g in gens) for i in range(2)]  # [model, ngram]
     accepted = sum(g.stats["total_accepted_draft_tokens"] for g in gens)
@@ -141,8 +144,10 @@ def test_every_draft_source_is_exact(server, baseline, source):
         assert by_source[0] == 0 and by_source[1] > 0  # grounded prompts copy from the prompt
     if source == "model":
         assert by_source[1] == 0
-    if source == "hybrid":
+    if source == "hybrid" and not policy:
         assert by_source[0] > 0 and by_source[1] > 0
+    if policy:
+        assert by_source[1] > 0
 
 
 def test_streamed_text_concatenates_to_the_whole_text(server):
@@ -207,6 +212,7 @@ def _post(server, body):
         ({"text_input": "word " * 300, "max_tokens": 8}, "exceeds max_input_len"),
         ({"text_input": "hello", "max_tokens": "eight"}, "Unable to parse"),  # wrong dtype: Triton rejects it first
         ({"text_input": "hello", "max_tokens": 8, "draft_source": "psychic"}, "draft_source must be one of"),
+        ({"text_input": "hello", "max_tokens": 8, "draft_length_policy": "often"}, "draft_length_policy must be one of"),
     ],
 )
 def test_bad_request_gets_error_and_server_stays_up(server, body, expect):

@@ -7,6 +7,7 @@ from scipy.stats import chisquare
 from trtspec.ngram import propose
 from trtspec.speculative import (
     DraftLengthPolicy,
+    PayoffGate,
     SamplingParams,
     SpecStats,
     find_stop,
@@ -130,6 +131,40 @@ def test_adaptive_policy_never_exceeds_requested():
     for _ in range(10):
         pol.update(pol.next_k(100), pol.next_k(100))
     assert pol.next_k(100) == 3
+
+
+def test_payoff_gate_skips_a_source_slower_than_plain_steps_and_probes_it():
+    gate = PayoffGate(window=4, probe_every=3)
+    gate.record("model", 2, 1.0)  # first use: carries the prefill, not measured
+    for _ in range(4):
+        assert gate.allows("model")  # unmeasured: ask
+        gate.record("model", 2, 0.100)  # 20 tokens/s
+    assert gate.pays("model") is None and gate.wants_plain_step()  # nothing to compare with yet
+    gate.record(None, 1, 0.040)  # plain steps: 25 tokens/s
+    assert not gate.wants_plain_step()
+    assert gate.pays("model") is False
+    assert [gate.allows("model") for _ in range(6)] == [False, False, True, False, False, True]  # probes
+
+
+def test_payoff_gate_keeps_a_source_that_pays_and_refreshes_the_plain_rate():
+    gate = PayoffGate(window=4, probe_every=3, refresh_every=10)
+    gate.record(None, 1, 0.040)
+    for _ in range(9):
+        gate.record("ngram", 3, 0.050)  # 60 tokens/s against 25
+        assert gate.allows("ngram")
+    assert gate.pays("ngram") is True and not gate.wants_plain_step()
+    gate.record("ngram", 3, 0.050)
+    assert gate.wants_plain_step()  # 10 drafted iterations since the last plain step
+
+
+def test_payoff_gate_sources_are_independent():
+    gate = PayoffGate(window=2, probe_every=100)
+    gate.record(None, 1, 0.040)
+    for src, tokens in (("model", 1), ("ngram", 4)):
+        for _ in range(3):
+            gate.record(src, tokens, 0.050)
+    assert gate.pays("model") is False and gate.pays("ngram") is True
+    assert not gate.allows("model") and gate.allows("ngram")
 
 
 def test_spec_stats_rates_and_positions():

@@ -90,6 +90,7 @@ def _request_fields(
     bad_words: list[str] | None,
     draft_source: str | None,
     end_id: int | None,
+    draft_length_policy: str | None = None,
 ) -> dict[str, Any]:
     fields: dict[str, Any] = {"text_input": prompt, "max_tokens": max_tokens, "stream": stream, "return_perf_metrics": True}
     optional = {
@@ -103,6 +104,7 @@ def _request_fields(
         "bad_words": bad_words,
         "draft_source": draft_source,
         "end_id": end_id,
+        "draft_length_policy": draft_length_policy,
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
     return fields
@@ -128,7 +130,7 @@ class Client:
     def stream(self, prompt: str, max_tokens: int = 64, stream: bool = True, **params: Any) -> Iterator[Chunk]:
         fields = _request_fields(prompt, max_tokens, stream, *(params.pop(k, None) for k in (
             "num_draft_tokens", "use_draft_logits", "temperature", "top_k", "top_p", "seed",
-            "stop_words", "bad_words", "draft_source", "end_id")))
+            "stop_words", "bad_words", "draft_source", "end_id", "draft_length_policy")))
         if params:
             raise TypeError(f"unknown parameters: {', '.join(params)}")
         if self.protocol == "http":
@@ -175,6 +177,7 @@ class Client:
             "num_draft_tokens": np.int32, "use_draft_logits": np.bool_, "temperature": np.float32,
             "top_k": np.int32, "top_p": np.float32, "seed": np.uint64, "stop_words": np.object_,
             "bad_words": np.object_, "draft_source": np.object_, "end_id": np.int32,
+            "draft_length_policy": np.object_,
         }
         inputs = []
         for name, value in fields.items():

@@ -68,6 +68,9 @@ class AdaptivePolicy(_Strict):
     pause_below_acceptance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.2
     window: Annotated[int, Field(ge=1, le=64)] = 4
     probe_every: Annotated[int, Field(ge=1, le=1000)] = 8
+    # Skip a draft source while its drafts make tokens slower than plain target steps (timed per
+    # request); replaces the acceptance threshold above, since what acceptance pays depends on cost.
+    measure_payoff: bool = True
 
 
 class SpeculativeConfig(_Strict):

@@ -8,12 +8,13 @@ so it runs unchanged against TensorRT-LLM engines, the reference engine, or a te
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
-from trtspec.speculative import DraftLengthPolicy, SpecStats, find_stop
+from trtspec.speculative import DraftLengthPolicy, PayoffGate, SpecStats, find_stop
 
 # (model name, input tensors, requested outputs) -> output tensors; raises EngineCallError on failure
 EngineCall = Callable[[str, Mapping[str, np.ndarray], list[str]], Mapping[str, np.ndarray]]
@@ -28,6 +29,7 @@ class LoopRequestError(ValueError):
 
 
 DRAFT_SOURCES = ("model", "ngram", "hybrid")
+DRAFT_LENGTH_POLICIES = ("fixed", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class LoopSettings:
     adaptive_pause_below: float = 0.2
     adaptive_window: int = 4
     adaptive_probe_every: int = 8
+    adaptive_payoff: bool = True  # adaptive only: skip a source whose drafts are slower than plain steps
     max_input_len: int = 2048  # engines' limit: the running sequence (prompt + generated) is resent as input
     draft_disabled: bool = False  # the target-only baseline endpoint
     min_tokens_name: str = "min_tokens"  # TensorRT-LLM < 0.20: min_length
@@ -56,6 +59,7 @@ class LoopRequest:
     num_draft_tokens: int | None = None
     use_draft_logits: bool = False
     draft_source: str | None = None
+    draft_length_policy: str | None = None  # fixed | adaptive; None: the deployment's
     end_id: int | None = None
     pad_id: int | None = None
     stop_words: list[list[int]] = field(default_factory=list)
@@ -93,6 +97,10 @@ def validate(req: LoopRequest, s: LoopSettings) -> None:
         )
     if req.draft_source is not None and req.draft_source not in DRAFT_SOURCES:
         raise LoopRequestError(f"draft_source must be one of {', '.join(DRAFT_SOURCES)}, got {req.draft_source!r}")
+    if req.draft_length_policy is not None and req.draft_length_policy not in DRAFT_LENGTH_POLICIES:
+        raise LoopRequestError(
+            f"draft_length_policy must be one of {', '.join(DRAFT_LENGTH_POLICIES)}, got {req.draft_length_policy!r}"
+        )
     total = len(req.prompt) + req.max_tokens
     if total > s.max_input_len:
         raise LoopRequestError(
@@ -187,11 +195,18 @@ class SpeculativeLoop:
         k_req = self.s.default_num_draft_tokens if req.num_draft_tokens is None else req.num_draft_tokens
         source = req.draft_source or self.s.default_draft_source
         drafters = self._drafters(source)
+        adaptive = self.s.adaptive if req.draft_length_policy is None else req.draft_length_policy == "adaptive"
+        gate = (
+            PayoffGate(window=max(4, self.s.adaptive_window), probe_every=self.s.adaptive_probe_every)
+            if adaptive and self.s.adaptive_payoff and drafters
+            else None
+        )
         policy = DraftLengthPolicy(
             k_req if drafters else 0,
-            adaptive=self.s.adaptive,
+            adaptive=adaptive,
             min_k=self.s.adaptive_min_k,
-            pause_below=self.s.adaptive_pause_below,
+            # measured payoff decides pauses better than an acceptance threshold (what pays depends on cost)
+            pause_below=0.0 if gate is not None else self.s.adaptive_pause_below,
             window=self.s.adaptive_window,
             probe_every=self.s.adaptive_probe_every,
         )
@@ -202,9 +217,12 @@ class SpeculativeLoop:
         while True:
             remaining = req.max_tokens - len(generated)
             k = policy.next_k(remaining)
+            if gate is not None and k and gate.wants_plain_step():
+                k = 0
             draft, logits, used = [], None, None
+            t_start = time.perf_counter()
             for src, model in drafters:
-                if k == 0 or src in failed:
+                if k == 0 or src in failed or (gate is not None and not gate.allows(src)):
                     continue
                 try:
                     draft, logits = self._draft(model, seq, k, req, req.use_draft_logits and src == "model")
@@ -222,6 +240,8 @@ class SpeculativeLoop:
             accepted = 0
             while accepted < min(len(draft), len(new)) and new[accepted] == draft[accepted]:
                 accepted += 1
+            if gate is not None and stats.num_iterations > 0:  # the first call carries the prefill
+                gate.record(used if draft else None, accepted + 1, time.perf_counter() - t_start)
             stats.record(len(draft), accepted)
             policy.update(len(draft), accepted)
             if used:

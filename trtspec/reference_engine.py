@@ -100,11 +100,20 @@ class PrefixCache:
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix. Slice comparisons run in C; a Python loop over every cached
+    sequence would cost a fraction of a millisecond per call."""
+    a, b = list(a), list(b)
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -138,9 +147,10 @@ class ReferenceEngine:
 
     # ------------------------------------------------------------------ forward with prefix reuse
 
-    def _forward(self, tokens: list[int], need_logits: int = 1) -> tuple[torch.Tensor, Any, int]:
-        """Logits for every position of `tokens` not served from the cache (at least the last
-        `need_logits`), plus the updated cache and how many tokens it served."""
+    def _forward(self, tokens: list[int], need_logits: int = 1) -> tuple[torch.Tensor, Any, int, int]:
+        """Logits of the last `need_logits` positions of `tokens`, the updated cache, how many tokens
+        the cache served and how many were computed. Only those rows go through the LM head: with a
+        49k vocabulary the head over a whole prompt would cost as much as the prefill itself."""
         from transformers import DynamicCache
 
         cache, reuse = self.cache.take(tokens)
@@ -151,8 +161,8 @@ class ReferenceEngine:
             cache.crop(reuse - cache.get_seq_length())  # negative: drop that many (transformers 4.x and 5.x)
         new = torch.tensor([tokens[reuse:]], dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            out = self.model(input_ids=new, past_key_values=cache, use_cache=True)
-        return out.logits[0].float(), out.past_key_values, reuse
+            out = self.model(input_ids=new, past_key_values=cache, use_cache=True, logits_to_keep=need_logits)
+        return out.logits[0, -need_logits:].float(), out.past_key_values, reuse, new.shape[1]
 
     def _rng(self, req: EngineRequest) -> np.random.Generator:
         kind = 1 if req.draft_ids else 0
@@ -185,10 +195,10 @@ class ReferenceEngine:
         logits_rows: list[np.ndarray] = []
         reused, computed = 0, 0
         for step in range(req.output_len):
-            logits, cache, reuse = self._forward(tokens)
+            logits, cache, reuse, n_computed = self._forward(tokens)
             if step == 0:
                 reused = reuse
-            computed += logits.shape[0]
+            computed += n_computed
             row = self._mask(logits[-1].cpu().numpy(), tokens, req, step)
             self.cache.put(list(tokens), cache)
             if req.return_generation_logits:
@@ -205,7 +215,7 @@ class ReferenceEngine:
     def _verify(self, req: EngineRequest) -> EngineResult:
         seq, draft = list(req.input_ids), [int(t) for t in req.draft_ids or []]
         k = len(draft)
-        logits, cache, reuse = self._forward(seq + draft, need_logits=k + 1)
+        logits, cache, reuse, n_computed = self._forward(seq + draft, need_logits=k + 1)
         self.cache.put(seq + draft, cache, committed=len(seq))
         rows = logits[-(k + 1) :].cpu().numpy()
         rows = np.stack([self._mask(rows[i], seq + draft[:i], req, i) for i in range(k + 1)])
@@ -227,5 +237,5 @@ class ReferenceEngine:
             num_draft_tokens=k,
             num_accepted=v.num_accepted,
             reused_tokens=reuse,
-            computed_tokens=logits.shape[0],
+            computed_tokens=n_computed,
         )

@@ -210,6 +210,7 @@ def _write_models(
             adaptive_pause_below_acceptance=spec.adaptive.pause_below_acceptance,
             adaptive_window=spec.adaptive.window,
             adaptive_probe_every=spec.adaptive.probe_every,
+            adaptive_measure_payoff=spec.adaptive.measure_payoff,
             max_input_len=cfg.limits.max_input_len,
             max_concurrent_requests=max(64, cfg.limits.max_batch_size),
             draft_disabled=disabled,

@@ -192,6 +192,71 @@ class DraftLengthPolicy:
                 self._steps_paused = 0
 
 
+@dataclass
+class PayoffGate:
+    """Asks a draft source only while its drafts pay, measured in wall time (adaptive policy).
+
+    An iteration that drafted from source s yields accepted + 1 tokens in its draft + verify time; a
+    plain target step yields one token. When s's tokens per second over its last `window` iterations
+    fall below the plain steps' rate, s is skipped, and tried again every `probe_every` iterations, so
+    a source that starts paying again (the text starts repeating the prompt, the load drops) comes
+    back. This is what keeps `hybrid` from paying for a weak draft model when prompt lookup finds
+    nothing, and keeps speculation from slowing a request down where it does not pay. Acceptance
+    alone cannot decide it: whether 30% acceptance pays depends on what a draft costs here.
+
+    A source's first use is not measured (it carries the draft's prefill). When no plain step has
+    been measured for `refresh_every` iterations, `wants_plain_step` asks for one to compare with.
+    """
+
+    window: int = 4
+    probe_every: int = 8
+    refresh_every: int = 32
+    _runs: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    _plain: list[float] = field(default_factory=list)
+    _skipped: dict[str, int] = field(default_factory=dict)
+    _seen: set[str] = field(default_factory=set)
+    _since_plain: int = 0
+
+    def plain_rate(self) -> float | None:
+        return 1.0 / float(np.median(self._plain)) if self._plain else None
+
+    def source_rate(self, source: str) -> float | None:
+        runs = self._runs.get(source, [])
+        if len(runs) < self.window:
+            return None
+        return sum(t for t, _ in runs) / max(sum(s for _, s in runs), 1e-9)
+
+    def pays(self, source: str) -> bool | None:
+        """None while either side is unmeasured."""
+        rate, plain = self.source_rate(source), self.plain_rate()
+        return None if rate is None or plain is None else rate >= plain
+
+    def allows(self, source: str) -> bool:
+        """Whether to ask `source` this iteration (call it only when the source would be asked)."""
+        if self.pays(source) is not False:
+            self._skipped[source] = 0
+            return True
+        n = self._skipped.get(source, 0) + 1
+        self._skipped[source] = 0 if n >= self.probe_every else n
+        return n >= self.probe_every  # a probe: measure it again
+
+    def wants_plain_step(self) -> bool:
+        measured = any(len(r) >= self.window for r in self._runs.values())
+        return measured and (not self._plain or self._since_plain >= self.refresh_every)
+
+    def record(self, source: str | None, tokens: int, seconds: float) -> None:
+        """One iteration: `source` None for a plain target step (no draft), `tokens` the tokens it yielded."""
+        if source is None:
+            self._plain = (self._plain + [seconds])[-self.window :]
+            self._since_plain = 0
+            return
+        self._since_plain += 1
+        if source not in self._seen:
+            self._seen.add(source)
+            return
+        self._runs[source] = (self._runs.get(source, []) + [(tokens, seconds)])[-self.window :]
+
+
 # ---------------------------------------------------------------- counters
 
 

@@ -205,6 +205,7 @@ def build_results(run: BenchRun) -> dict[str, Any]:
             "draft_tokens": sorted(set(s.draft_tokens) | {0}),
             "k0_on_ensemble": s.k0_on_ensemble,
             "draft_source": s.draft_source,
+            "draft_length_policy": s.draft_length_policy,
             "requests_per_cell": s.requests_per_cell,
             "warmup_per_cell": s.warmup,
             "profile": s.profile,

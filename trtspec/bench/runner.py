@@ -44,6 +44,7 @@ class BenchSettings:
     warmup: int = 2  # per cell
     k0_on_ensemble: bool = False
     draft_source: str | None = None  # model | ngram | hybrid for the speculative cells; None: the deployment's
+    draft_length_policy: str | None = None  # fixed | adaptive for the speculative cells; None: the deployment's
     metrics_url: str | None = None  # None: Triton's default (port 8002 of the --url host); "" or "none": no check
     profile: bool = False
     profile_pids: Sequence[int] | None = None
@@ -300,6 +301,8 @@ def _one_request(settings: BenchSettings, cell: Cell, index: int, prompt: Prompt
     params = {"num_draft_tokens": cell.num_draft_tokens} if cell.endpoint == ENSEMBLE else {}
     if cell.endpoint == ENSEMBLE and settings.draft_source:
         params["draft_source"] = settings.draft_source
+    if cell.endpoint == ENSEMBLE and settings.draft_length_policy:
+        params["draft_length_policy"] = settings.draft_length_policy
     rec = RequestRecord(cell, index, warmup, prompt, start=time.perf_counter())
     times, tokens = rec.chunk_times, rec.chunk_tokens
     overhead = 0.0

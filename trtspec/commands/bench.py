@@ -113,6 +113,9 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
 @click.option("--draft-source", type=click.Choice(["model", "ngram", "hybrid"]), default=None,
               help="Who proposes tokens in the speculative cells: the draft model, prompt lookup (n-gram), or "
                    "n-gram when it finds a match else the model. Default: the deployment's draft_source.")
+@click.option("--draft-length-policy", type=click.Choice(["fixed", "adaptive"]), default=None,
+              help="fixed: exactly k draft tokens per iteration (what a k sweep measures); adaptive: k adapts and "
+                   "a draft source that does not pay is skipped. Default: the deployment's draft_length_policy.")
 @click.option("--k0-on-ensemble", is_flag=True,
               help="Also run the speculative endpoint with num_draft_tokens=0 (drafting off): its speedup over "
                    "the baseline (~1) is the speculative loop's own overhead.")
@@ -143,6 +146,7 @@ def bench(
     concurrency: str,
     draft_tokens: str,
     draft_source: str | None,
+    draft_length_policy: str | None,
     k0_on_ensemble: bool,
     requests_per_cell: int,
     warmup: int,
@@ -178,6 +182,7 @@ def bench(
         warmup=warmup,
         k0_on_ensemble=k0_on_ensemble,
         draft_source=draft_source,
+        draft_length_policy=draft_length_policy,
         metrics_url=metrics_url,
         profile=profile,
         profile_pids=list(profile_pids) or None,

@@ -21,6 +21,9 @@ from trtspec.commands._common import console, friendly_errors
 @click.option("--max-tokens", "-n", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--draft-tokens", "-k", type=click.IntRange(0), default=None, help="num_draft_tokens (default: the deployment's).")
 @click.option("--draft-source", type=click.Choice(["model", "ngram", "hybrid"]), default=None, help="Who proposes tokens.")
+@click.option("--draft-length-policy", type=click.Choice(["fixed", "adaptive"]), default=None,
+              help="fixed: always k draft tokens; adaptive: adapt k and skip draft sources that do not pay "
+                   "(default: the deployment's).")
 @click.option("--draft-logits", is_flag=True, default=None, help="Rejection sampling against the draft's logits.")
 @click.option("--temperature", type=float, default=None, help="0 or unset: greedy.")
 @click.option("--top-k", type=int, default=None)
@@ -29,7 +32,8 @@ from trtspec.commands._common import console, friendly_errors
 @click.option("--stop", "stop_words", multiple=True, help="Stop word (repeatable).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the ChatML template (<|im_start|>user ...), as the demo model expects.")
 @friendly_errors(ClientError)
-def command(prompt, url, protocol, baseline, model, stream, max_tokens, draft_tokens, draft_source, draft_logits,
+def command(prompt, url, protocol, baseline, model, stream, max_tokens, draft_tokens, draft_source, draft_length_policy,
+            draft_logits,
             temperature, top_k, top_p, seed, stop_words, chat) -> None:
     """Send PROMPT to a running trtspec deployment and print the completion and its acceptance figures.
 
@@ -43,7 +47,8 @@ def command(prompt, url, protocol, baseline, model, stream, max_tokens, draft_to
         prompt = f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
     client = Client(url, protocol, model or ("baseline" if baseline else "ensemble"))
     params = dict(
-        num_draft_tokens=draft_tokens, draft_source=draft_source, use_draft_logits=draft_logits,
+        num_draft_tokens=draft_tokens, draft_source=draft_source, draft_length_policy=draft_length_policy,
+        use_draft_logits=draft_logits,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop_words=list(stop_words) or None,
     )
     if stream:
