@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from trtspec.demo_pair import resolve_checkpoint  # noqa: E402
+from trtspec.reference_engine import load_draft_vocab, tune_for_cpu  # noqa: E402
 
 # (keyword that must not occur in any training topic, prompt)
 CHAT = [
@@ -121,17 +122,27 @@ def simulate_tokens_per_step(agree: list[bool], k: int) -> float:
 
 
 @torch.no_grad()
-def step_time(model, prompt: torch.Tensor, steps: int, clock=time.perf_counter) -> float:
+def step_time(model, prompt: torch.Tensor, steps: int, clock=time.perf_counter, vocab: list[int] | None = None) -> float:
+    """Median decode step, as the reference engine runs it (with a draft vocabulary: only its head rows)."""
     from transformers import DynamicCache
 
+    if vocab is not None:
+        ids = torch.tensor(vocab)
+        head_t = model.get_output_embeddings().weight[ids].t().contiguous()
+
+        def step(x, cache):
+            h = model.base_model(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[:, -1]
+            return ids[(h @ head_t).argmax(-1)][:, None]
+    else:
+        def step(x, cache):
+            return model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1:].argmax(-1)
+
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=prompt, past_key_values=cache, use_cache=True)
-    nxt = out.logits[:, -1:].argmax(-1)
+    nxt = step(prompt, cache)
     times = []
     for _ in range(steps):
         t = clock()
-        out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
-        nxt = out.logits[:, -1:].argmax(-1)
+        nxt = step(nxt, cache)
         times.append(clock() - t)
     return statistics.median(times[2:])
 
@@ -163,14 +174,17 @@ def main() -> None:
     tdir = resolve_checkpoint(args.target)
     tok = AutoTokenizer.from_pretrained(tdir)
     target = AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32).eval()
+    tune_for_cpu(target)  # the reference engine's CPU layout: measure what serving runs
     names = list(args.drafts) + (["target-as-draft"] if args.self_draft else [])
-    drafts = {}
+    drafts, vocabs = {}, {}
     for ref in args.drafts:
         ddir = resolve_checkpoint(ref)
         dtok = AutoTokenizer.from_pretrained(ddir)
         if dtok.get_vocab() != tok.get_vocab():
             raise SystemExit(f"{ref}: tokenizer differs from the target's")
         drafts[ref] = AutoModelForCausalLM.from_pretrained(ddir, dtype=torch.float32).eval()
+        tune_for_cpu(drafts[ref])
+        vocabs[ref] = load_draft_vocab(ddir, drafts[ref].config.vocab_size)
     if args.self_draft:
         drafts["target-as-draft"] = target
 
@@ -202,6 +216,10 @@ def main() -> None:
         for c in cases:
             with torch.no_grad():
                 logits = model(input_ids=c["ids"]).logits[0]
+            if vocabs.get(name) is not None:  # the draft may only propose ids of its vocabulary
+                allowed = torch.zeros(logits.shape[-1], dtype=torch.bool)
+                allowed[vocabs[name]] = True
+                logits = logits.masked_fill(~allowed, float("-inf"))
             pred = logits[c["plen"] - 1 : -1].argmax(-1)
             gold = c["ids"][0, c["plen"]:]
             agree = (pred == gold).tolist()
@@ -214,7 +232,7 @@ def main() -> None:
     for _ in range(args.timing_repeats):
         ttimes["target"].append(step_time(target, prompt, args.timing_steps, clock))
         for name in names:
-            ttimes[name].append(step_time(drafts[name], prompt, args.timing_steps, clock))
+            ttimes[name].append(step_time(drafts[name], prompt, args.timing_steps, clock, vocabs.get(name)))
     t_target = statistics.median(ttimes["target"])
 
     summary = {"target": args.target, "threads": args.threads, "clock": args.clock, "new_tokens": args.new_tokens,
@@ -229,6 +247,7 @@ def main() -> None:
             row[f"alpha_{kind}"] = round(agree / total, 4) if total else None
         t_d = statistics.median(ttimes[name])
         row["draft_step_ms"] = round(t_d * 1e3, 2)
+        row["draft_vocab"] = None if vocabs.get(name) is None else len(vocabs[name])
         row["c"] = round(t_d / t_target, 4)
         for k in args.k:
             tps = statistics.mean(simulate_tokens_per_step(p["agree"], k) for p in pp) if pp else None

@@ -159,9 +159,65 @@ def _exact_two_token_distribution(engine, prompt, params):
     return (p1[:, None] * p2).reshape(-1)
 
 
-@pytest.mark.parametrize("use_draft_logits", [True, False])
-def test_sampling_preserves_target_distribution(engines, use_draft_logits):
-    """Chi-square over all two-token continuations: speculative sampling == the target's distribution."""
+DRAFT_VOCAB = [0, 1, 2, 3, 5, 7, 9]
+
+
+@pytest.fixture(scope="module")
+def vocab_draft(tiny_draft, tmp_path_factory):
+    """The tiny draft with a draft_vocab.json: its head may propose only DRAFT_VOCAB."""
+    import json
+    import shutil
+
+    from trtspec.reference_engine import DRAFT_VOCAB_FILE
+
+    d = tmp_path_factory.mktemp("vocab-draft") / "draft"
+    shutil.copytree(tiny_draft, d)
+    (d / DRAFT_VOCAB_FILE).write_text(json.dumps({"ids": DRAFT_VOCAB}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def vocab_engines(engines, vocab_draft):
+    return {"tensorrt_llm": engines["tensorrt_llm"],
+            "tensorrt_llm_draft": ReferenceEngine(vocab_draft, device="cpu", salt=2, use_draft_vocab=True)}
+
+
+def test_draft_vocabulary_bounds_proposals_and_output_stays_exact(engines, vocab_engines, vocab_draft):
+    draft = vocab_engines["tensorrt_llm_draft"]
+    r = draft.run(EngineRequest([0, 4, 6], output_len=30, sampling=SamplingParams(temperature=1.5), seed=3,
+                                return_generation_logits=True))
+    assert set(r.tokens[3:]) <= set(DRAFT_VOCAB)
+    outside = [i for i in range(draft.vocab_size) if i not in DRAFT_VOCAB]
+    assert np.isneginf(r.generation_logits[:, outside]).all() and np.isfinite(r.generation_logits[:, DRAFT_VOCAB]).all()
+    # the same checkpoint without use_draft_vocab ignores the file
+    plain = ReferenceEngine(vocab_draft, device="cpu").run(EngineRequest([0, 4, 6], output_len=1, return_generation_logits=True))
+    assert np.isfinite(plain.generation_logits).all()
+    spec = SpeculativeLoop(LoopSettings(), _engine_call(vocab_engines))
+    base = SpeculativeLoop(LoopSettings(draft_disabled=True), _engine_call(engines))
+    for prompt in PROMPTS:
+        assert _run(spec, prompt=prompt, max_tokens=16, num_draft_tokens=3)[0] == _run(base, prompt=prompt, max_tokens=16)[0]
+
+
+@pytest.mark.parametrize("ids", [[], [0, 0, 1], [0, 99], "x"])
+def test_bad_draft_vocabulary_is_a_clear_error(tiny_draft, tmp_path, ids):
+    import json
+    import shutil
+
+    from trtspec.reference_engine import DRAFT_VOCAB_FILE
+
+    d = tmp_path / "draft"
+    shutil.copytree(tiny_draft, d)
+    (d / DRAFT_VOCAB_FILE).write_text(json.dumps({"ids": ids}))
+    with pytest.raises(ValueError, match="draft_vocab.json"):
+        ReferenceEngine(d, device="cpu", use_draft_vocab=True)
+
+
+@pytest.mark.parametrize("use_draft_logits,draft_vocab", [(True, False), (False, False), (True, True)])
+def test_sampling_preserves_target_distribution(engines, vocab_engines, use_draft_logits, draft_vocab):
+    """Chi-square over all two-token continuations: speculative sampling == the target's distribution
+    (also with a draft whose proposals are confined to a draft vocabulary: q = 0 outside it)."""
+    if draft_vocab:
+        engines = vocab_engines
     params = SamplingParams(temperature=1.0)
     prompt = [0, 3, 4]
     expected = _exact_two_token_distribution(engines["tensorrt_llm"], prompt, params)

@@ -41,6 +41,7 @@ EOS_TOKEN = "<|im_end|>"
 ASSET_DIR = Path(__file__).resolve().parent / "assets" / "demo_draft"
 ASSET_TENSORS = "draft_layers.safetensors"
 ASSET_INFO = "provenance.json"
+ASSET_VOCAB = "draft_vocab.json"  # optional: the draft head's vocabulary (reference_engine.DRAFT_VOCAB_FILE)
 
 # Bumped whenever the layout or the conversion changes, so an old cache is rebuilt.
 FORMAT_VERSION = 1
@@ -146,9 +147,11 @@ def asset_digest() -> str:
             "or regenerate them with scripts/train_draft.py"
         )
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    for p in (path, ASSET_DIR / ASSET_VOCAB):
+        if p.is_file():
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
     return h.hexdigest()
 
 
@@ -346,6 +349,8 @@ def _build_draft(final: Path, target_dir: Path, progress: Progress) -> None:
         config, target_state = _load_target_state(target_dir)
         state = _draft_state(target_state, load_draft_layers())
         _save_draft(tmp, target_dir, config, state, _draft_stamp())
+        if (ASSET_DIR / ASSET_VOCAB).is_file():
+            shutil.copy2(ASSET_DIR / ASSET_VOCAB, tmp / ASSET_VOCAB)
 
 
 def _build_untrained(final: Path, target_dir: Path, progress: Progress) -> None:
@@ -413,7 +418,9 @@ def _cached_asset_digest() -> str:
         st = path.stat()
     except OSError:
         return asset_digest()  # raises DemoPairError
-    key = (str(path), st.st_size, st.st_mtime_ns)
+    vocab = ASSET_DIR / ASSET_VOCAB
+    vst = vocab.stat() if vocab.is_file() else None
+    key = (str(path), st.st_size, st.st_mtime_ns, vst and (vst.st_size, vst.st_mtime_ns))
     if key not in _DIGEST_CACHE:
         _DIGEST_CACHE[key] = asset_digest()
     return _DIGEST_CACHE[key]

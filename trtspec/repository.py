@@ -107,6 +107,7 @@ def _engine_config(
             dtype=model.dtype,
             kv_cache_entries=2 * cfg.limits.max_batch_size,
             max_input_len=cfg.limits.max_input_len,
+            use_draft_vocab=role == "draft",  # a draft checkpoint's draft_vocab.json, if it has one
         )
         return config
     if engine_dir is None:

@@ -628,7 +628,7 @@ def run_inprocess_phase(target_dir: Path, draft_dir: Path, prompts: Sequence[Ben
     eos = tok.eos_token_id
     log("loading target and draft in-process (reference engine)")
     target = ReferenceEngine(target_dir, device="cpu", dtype="float32")
-    draft = ReferenceEngine(draft_dir, device="cpu", dtype="float32")
+    draft = ReferenceEngine(draft_dir, device="cpu", dtype="float32", use_draft_vocab=True)
 
     if not args.skip_hf:
         log("HF generate: target only, assisted (k constant, threshold 0)" + (", assisted (HF defaults)" if args.hf_defaults else ""))

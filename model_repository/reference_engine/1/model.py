@@ -31,6 +31,7 @@ class TritonPythonModel:
             dtype=params.get("dtype", "float32"),
             cache_entries=int(params.get("kv_cache_entries", "16")),
             salt=sum(args["model_name"].encode()),
+            use_draft_vocab=params.get("use_draft_vocab", "false").lower() == "true",
         )
 
     def execute(self, requests):
