@@ -312,9 +312,11 @@ def draft_vocab(seqs: list[dict], tok, size: int) -> tuple[list[int], float]:
     generated tokens they cover: the draft's head scores only these (trtspec DRAFT_VOCAB_FILE)."""
     from collections import Counter
 
-    counts = Counter(t for s in seqs for t in s["ids"][s["plen"] :])
+    counts = Counter(int(t) for s in seqs for t in _as_ids(s["ids"][s["plen"] :]))
+    in_prompts = Counter(int(t) for s in seqs for t in _as_ids(s["ids"][: s["plen"]]))
     special = set(tok.all_special_ids)
-    ranked = [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if t not in special]
+    # generated most often, then seen in prompts (text the target may copy), then low ids (early BPE merges)
+    ranked = sorted((t for t in range(len(tok)) if t not in special), key=lambda t: (-counts[t], -in_prompts[t], t))
     ids = sorted(special | set(ranked[: max(0, size - len(special))]))
     total = sum(counts.values())
     return ids, (sum(counts[t] for t in ids) / total if total else 0.0)

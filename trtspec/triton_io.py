@@ -33,7 +33,7 @@ def scalar(pb_utils: Any, request: Any, name: str, default: Any = None) -> Any:
 
 def ids(pb_utils: Any, request: Any, name: str) -> list[int] | None:
     a = tensor(pb_utils, request, name)
-    return None if a is None else [int(x) for x in a.reshape(-1)]
+    return None if a is None else a.reshape(-1).astype(np.int64).tolist()  # tolist: C speed, Python ints
 
 
 def words_list(a: np.ndarray | None) -> list[list[int]]:
