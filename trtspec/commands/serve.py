@@ -169,7 +169,7 @@ def serve(
     except ServerError as e:
         raise UserError(escape(str(e))) from None
 
-    previous_sigterm = _sigterm_as_keyboard_interrupt()
+    previous_handlers = _stop_signals_as_keyboard_interrupt()
     follower: _Follower | None = None
     try:
         started = time.monotonic()
@@ -199,24 +199,29 @@ def serve(
         server.stop()
         raise
     finally:
-        _restore_sigterm(previous_sigterm)
+        _restore_stop_signals(previous_handlers)
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _sigterm_as_keyboard_interrupt() -> Any:
+def _stop_signals_as_keyboard_interrupt() -> Any:
+    """SIGTERM and SIGINT both stop the server cleanly. SIGINT is set explicitly: a process started in the
+    background by a non-interactive shell (`trtspec serve &` in a script, CI runners) inherits it ignored,
+    and `kill -INT` must still stop it."""
     try:
-        return signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        return (signal.signal(signal.SIGTERM, _raise_keyboard_interrupt),
+                signal.signal(signal.SIGINT, signal.default_int_handler))
     except ValueError:  # not in the main thread
         return None
 
 
-def _restore_sigterm(previous: Any) -> None:
+def _restore_stop_signals(previous: Any) -> None:
     if previous is not None:
         try:
-            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGTERM, previous[0])
+            signal.signal(signal.SIGINT, previous[1])
         except ValueError:
             pass
 
