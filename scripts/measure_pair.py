@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from trtspec.demo_pair import resolve_checkpoint  # noqa: E402
-from trtspec.reference_engine import load_draft_vocab, tune_for_cpu  # noqa: E402
+from trtspec.reference_engine import draft_head, load_draft_vocab, tune_for_cpu  # noqa: E402
 
 # (keyword that must not occur in any training topic, prompt)
 CHAT = [
@@ -128,7 +128,7 @@ def step_time(model, prompt: torch.Tensor, steps: int, clock=time.perf_counter, 
 
     if vocab is not None:
         ids = torch.tensor(vocab)
-        head_t = model.get_output_embeddings().weight[ids].t().contiguous()
+        head_t = draft_head(model, vocab)
 
         def step(x, cache):
             h = model.base_model(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[:, -1]

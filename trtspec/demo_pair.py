@@ -147,12 +147,16 @@ def asset_digest() -> str:
             "or regenerate them with scripts/train_draft.py"
         )
     h = hashlib.sha256()
-    for p in (path, ASSET_DIR / ASSET_VOCAB):
-        if p.is_file():
-            with open(p, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
+    for p in _asset_files():
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
     return h.hexdigest()
+
+
+def _asset_files() -> list[Path]:
+    """The shipped files the assembled draft is made of (the vocabulary is optional)."""
+    return [p for p in (ASSET_DIR / ASSET_TENSORS, ASSET_DIR / ASSET_VOCAB) if p.is_file()]
 
 
 # ----------------------------------------------------------------------------------------- building
@@ -413,14 +417,10 @@ _DIGEST_CACHE: dict[tuple, str] = {}
 
 
 def _cached_asset_digest() -> str:
-    path = ASSET_DIR / ASSET_TENSORS
-    try:
-        st = path.stat()
-    except OSError:
+    files = _asset_files()
+    if not files or files[0].name != ASSET_TENSORS:
         return asset_digest()  # raises DemoPairError
-    vocab = ASSET_DIR / ASSET_VOCAB
-    vst = vocab.stat() if vocab.is_file() else None
-    key = (str(path), st.st_size, st.st_mtime_ns, vst and (vst.st_size, vst.st_mtime_ns))
+    key = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     if key not in _DIGEST_CACHE:
         _DIGEST_CACHE[key] = asset_digest()
     return _DIGEST_CACHE[key]

@@ -241,7 +241,7 @@ class SpeculativeLoop:
             while accepted < min(len(draft), len(new)) and new[accepted] == draft[accepted]:
                 accepted += 1
             if gate is not None and stats.num_iterations > 0:  # the first call carries the prefill
-                gate.record(used if draft else None, accepted + 1, time.perf_counter() - t_start)
+                gate.record(used, accepted + 1, time.perf_counter() - t_start)
             stats.record(len(draft), accepted)
             policy.update(len(draft), accepted)
             if used:

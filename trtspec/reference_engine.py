@@ -138,6 +138,15 @@ def load_draft_vocab(checkpoint: str | Path, vocab_size: int) -> list[int] | Non
     return sorted(ids)
 
 
+def draft_head(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    """The LM head restricted to `ids`, transposed to [hidden, n] (one GEMM reads it as stored)."""
+    out_emb = model.get_output_embeddings()
+    if getattr(out_emb, "bias", None) is not None or getattr(model.config, "final_logit_softcapping", None):
+        raise ValueError(f"{DRAFT_VOCAB_FILE} needs a plain linear LM head (no bias, no softcapping)")
+    w = out_emb.weight.detach()
+    return w[torch.tensor(ids, dtype=torch.long, device=w.device)].t().contiguous()
+
+
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -192,12 +201,11 @@ class ReferenceEngine:
         self.draft_vocab: torch.Tensor | None = None
         ids = load_draft_vocab(checkpoint, self.vocab_size) if use_draft_vocab else None
         if ids is not None:
-            out_emb = self.model.get_output_embeddings()
-            if getattr(out_emb, "bias", None) is not None or getattr(self.model.config, "final_logit_softcapping", None):
-                raise ValueError(f"{checkpoint}: {DRAFT_VOCAB_FILE} needs a plain linear LM head (no bias, no softcapping)")
-            head = out_emb.weight.detach()
+            try:
+                self._draft_head_t = draft_head(self.model, ids)
+            except ValueError as e:
+                raise ValueError(f"{checkpoint}: {e}") from None
             self.draft_vocab = torch.tensor(ids, dtype=torch.long, device=self.device)
-            self._draft_head_t = head[self.draft_vocab].t().contiguous()  # [hidden, n]: one GEMM, weights as stored
         self.cache = PrefixCache(cache_entries)
         self.salt = salt  # decorrelates the random streams of the draft and the target under one seed
 
