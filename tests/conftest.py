@@ -51,3 +51,13 @@ def demo_pair():
     from trtspec.demo_pair import prepare_demo_pair
 
     return prepare_demo_pair()
+
+
+def loop_settings(*, draft_disabled: bool = False, max_input_len: int = 2048, **speculative):
+    """LoopSettings as a deployment would get them; `speculative` are build-config `speculative:` fields."""
+    from trtspec.config import SpeculativeConfig
+    from trtspec.loop import LoopSettings
+
+    return LoopSettings(
+        speculative=SpeculativeConfig(**speculative), max_input_len=max_input_len, draft_disabled=draft_disabled
+    )

@@ -27,6 +27,7 @@ from trtspec.bench.metrics import default_metrics_url, expected_counts, value
 from trtspec.bench.prompts import KINDS, PromptError
 from trtspec.bench.runner import BASELINE, ENSEMBLE, Cell, RequestRecord
 from trtspec.cli import cli
+from trtspec.metrics import SpecStats
 
 # ---------------------------------------------------------------------------------------------- statistics
 
@@ -189,7 +190,7 @@ weird{label="a \\"quoted\\" value"} 1.5e3
 
 def _record(endpoint, k, tokens, stats, error=None):
     r = RequestRecord(Cell(1, k, endpoint), 0, False, builtin_prompts()[0], start=0.0)
-    r.chunk_times, r.chunk_tokens, r.stats, r.error = [0.1] * len(tokens), list(tokens), stats, error
+    r.chunk_times, r.chunk_tokens, r.stats, r.error = [0.1] * len(tokens), list(tokens), SpecStats.from_wire(stats), error
     return r
 
 
@@ -299,7 +300,7 @@ CELL_FIELDS = {"label", "concurrency", "num_draft_tokens", "endpoint", "speculat
                "client_overhead_fraction", "acceptance", "speedup"}
 CELL_STATS = {"output_tokens_per_request", "ttft_s", "itl_token_s", "itl_chunk_s", "tpot_s", "e2e_s",
               "tokens_per_s_per_user", "tokens_per_response", "client_overhead_s", "client_overhead_fraction"}
-ACCEPTANCE_FIELDS = {"rate", "rate_per_request", "mean_accepted_length", "num_draft_tokens", "num_accepted_tokens",
+ACCEPTANCE_FIELDS = {"rate", "rate_per_request", "mean_acceptance_length", "tokens_per_target_call", "num_draft_tokens", "num_accepted_tokens",
                      "num_iterations", "num_drafts", "draft_fallbacks", "per_position", "by_source"}
 SPEEDUP_FIELDS = {"output_tokens_per_s", "e2e_p50", "ttft_p50", "tokens_per_s_per_user_mean", "baseline_num_requests"}
 REQUEST_FIELDS = {"cell", "concurrency", "num_draft_tokens", "endpoint", "index", "warmup", "prompt_id",
@@ -403,13 +404,13 @@ def test_sweep_results_json(sweep):
         if c["speculative"]:
             assert 0.0 <= acc["rate"] <= 1.0
             assert acc["num_draft_tokens"] > 0 and 0 <= acc["num_accepted_tokens"] <= acc["num_draft_tokens"]
-            assert 1.0 <= acc["mean_accepted_length"] <= 2 + 1
+            assert 1.0 <= acc["tokens_per_target_call"] <= 2 + 1
             assert acc["per_position"] and all(0 <= p["rate"] <= 1 for p in acc["per_position"])
             assert len(acc["per_position"]) <= 2
             # the target drafting for itself: every draft token is accepted
             assert acc["rate"] == 1.0
         else:  # drafting off on the speculative endpoint
-            assert acc["rate"] is None and acc["num_draft_tokens"] == 0 and acc["mean_accepted_length"] == 1.0
+            assert acc["rate"] is None and acc["num_draft_tokens"] == 0 and acc["tokens_per_target_call"] == 1.0
 
     for conc in (1, 2):
         assert cells[(conc, 0, "ensemble")]["speedup"]["output_tokens_per_s"] > 0
@@ -504,10 +505,10 @@ def test_prometheus_counters_match_the_responses(server, sweep):
     expected = {
         loop: {
             "spec_decode_num_requests": len(rs),
-            "spec_decode_num_draft_tokens": sum(s["total_draft_tokens"] for s, _ in rs),
-            "spec_decode_num_accepted_tokens": sum(s["total_accepted_draft_tokens"] for s, _ in rs),
-            "spec_decode_num_drafts": sum(s["num_drafts"] for s, _ in rs),
-            "spec_decode_num_iterations": sum(s["num_iterations"] for s, _ in rs),
+            "spec_decode_num_draft_tokens": sum(s.total_draft_tokens for s, _ in rs),
+            "spec_decode_num_accepted_tokens": sum(s.total_accepted_draft_tokens for s, _ in rs),
+            "spec_decode_num_drafts": sum(s.num_drafts for s, _ in rs),
+            "spec_decode_num_iterations": sum(s.num_iterations for s, _ in rs),
             "spec_decode_num_emitted_tokens": sum(n for _, n in rs),
         }
         for loop, rs in finals.items()

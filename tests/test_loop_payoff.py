@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from trtspec import loop as loop_mod
-from trtspec.loop import LoopRequest, LoopSettings, SpeculativeLoop
+from conftest import loop_settings
+
+from trtspec.loop import LoopRequest, SpeculativeLoop
 
 
 def next_token(seq):
@@ -56,7 +58,7 @@ class Engines:
 
 
 def _generate(engines, adaptive, k=4, tokens=120):
-    loop = SpeculativeLoop(LoopSettings(adaptive=adaptive), engines)
+    loop = SpeculativeLoop(loop_settings(draft_length_policy="adaptive" if adaptive else "fixed", max_draft_len=8), engines)
     chunks = list(loop.run(LoopRequest(prompt=[1, 2, 3], max_tokens=tokens, num_draft_tokens=k)))
     return [t for c in chunks for t in c.new_tokens], chunks[-1].stats
 

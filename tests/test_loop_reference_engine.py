@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from trtspec.loop import EngineCallError, LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
+from conftest import loop_settings
+
+from trtspec.loop import EngineCallError, LoopRequest, LoopRequestError, SpeculativeLoop
 from trtspec.reference_engine import EngineRequest, ReferenceEngine
 from trtspec.speculative import SamplingParams, probabilities
 
@@ -67,40 +69,40 @@ PROMPTS = [[0, 3, 4], [0, 5], [0, 2, 2, 7, 9], [0, 11, 10, 3], [0, 6, 8, 4, 4, 4
 
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_greedy_speculative_equals_target_only(engines, k):
-    spec = SpeculativeLoop(LoopSettings(max_draft_len=8), _engine_call(engines))
-    base = SpeculativeLoop(LoopSettings(draft_disabled=True), _engine_call(engines))
+    spec = SpeculativeLoop(loop_settings(max_draft_len=8), _engine_call(engines))
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
     for prompt in PROMPTS:
         want, _ = _run(base, prompt=prompt, max_tokens=20)
         got, stats = _run(spec, prompt=prompt, max_tokens=20, num_draft_tokens=k)
         assert got == want
         assert len(got) == 20
-        assert stats.num_iterations < 20 or stats.num_accepted_tokens == 0
+        assert stats.num_iterations < 20 or stats.total_accepted_draft_tokens == 0
 
 
 def test_target_as_own_draft_accepts_everything(engines):
     same = {"tensorrt_llm": engines["tensorrt_llm"], "tensorrt_llm_draft": engines["tensorrt_llm"]}
-    loop = SpeculativeLoop(LoopSettings(), _engine_call(same))
+    loop = SpeculativeLoop(loop_settings(), _engine_call(same))
     tokens, stats = _run(loop, prompt=[0, 3, 4], max_tokens=21, num_draft_tokens=4)
     assert stats.acceptance_rate == 1.0
     assert stats.num_iterations == 5  # 4 accepted + 1 bonus per target call: 21 tokens in 5 calls
-    assert stats.accepted_per_pos == [4, 4, 4, 4]
+    assert stats.accepted_per_position == [4, 4, 4, 4]
 
 
 def test_end_id_stops_and_is_not_output(engines):
-    base = SpeculativeLoop(LoopSettings(draft_disabled=True), _engine_call(engines))
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
     full, _ = _run(base, prompt=[0, 3, 4], max_tokens=20)
     end = full[5]
     cut, _ = _run(base, prompt=[0, 3, 4], max_tokens=20, end_id=end)
     assert cut == full[: full.index(end)]
-    spec = SpeculativeLoop(LoopSettings(), _engine_call(engines))
+    spec = SpeculativeLoop(loop_settings(), _engine_call(engines))
     assert _run(spec, prompt=[0, 3, 4], max_tokens=20, end_id=end, num_draft_tokens=3)[0] == cut
 
 
 def test_stop_words_stop_generation(engines):
-    base = SpeculativeLoop(LoopSettings(draft_disabled=True), _engine_call(engines))
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
     full, _ = _run(base, prompt=[0, 5], max_tokens=20)
     stop = full[6:8]
-    spec = SpeculativeLoop(LoopSettings(), _engine_call(engines))
+    spec = SpeculativeLoop(loop_settings(), _engine_call(engines))
     got, _ = _run(spec, prompt=[0, 5], max_tokens=20, stop_words=[stop], num_draft_tokens=4)
     first = next(i for i in range(len(full) - 1) if full[i : i + 2] == stop)
     assert got == full[: first + 2]
@@ -108,11 +110,11 @@ def test_stop_words_stop_generation(engines):
 
 def test_draft_failure_falls_back_to_target_only(engines):
     only_target = {"tensorrt_llm": engines["tensorrt_llm"]}
-    base = SpeculativeLoop(LoopSettings(draft_disabled=True), _engine_call(engines))
-    spec = SpeculativeLoop(LoopSettings(), _engine_call(only_target))
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
+    spec = SpeculativeLoop(loop_settings(), _engine_call(only_target))
     want, _ = _run(base, prompt=[0, 2, 2], max_tokens=12)
     got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=12, num_draft_tokens=3)
-    assert got == want and stats.num_fallbacks == 1 and stats.num_draft_tokens == 0
+    assert got == want and stats.draft_fallbacks == 1 and stats.total_draft_tokens == 0
 
 
 @pytest.mark.parametrize(
@@ -127,7 +129,7 @@ def test_draft_failure_falls_back_to_target_only(engines):
     ],
 )
 def test_bad_requests_are_rejected_with_a_reason(engines, kw, msg):
-    loop = SpeculativeLoop(LoopSettings(max_draft_len=8, max_input_len=64), _engine_call(engines))
+    loop = SpeculativeLoop(loop_settings(max_draft_len=8, max_input_len=64), _engine_call(engines))
     with pytest.raises(LoopRequestError, match=msg):
         list(loop.run(LoopRequest(**kw)))
 
@@ -192,8 +194,8 @@ def test_draft_vocabulary_bounds_proposals_and_output_stays_exact(engines, vocab
     # the same checkpoint without use_draft_vocab ignores the file
     plain = ReferenceEngine(vocab_draft, device="cpu").run(EngineRequest([0, 4, 6], output_len=1, return_generation_logits=True))
     assert np.isfinite(plain.generation_logits).all()
-    spec = SpeculativeLoop(LoopSettings(), _engine_call(vocab_engines))
-    base = SpeculativeLoop(LoopSettings(draft_disabled=True), _engine_call(engines))
+    spec = SpeculativeLoop(loop_settings(), _engine_call(vocab_engines))
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
     for prompt in PROMPTS:
         assert _run(spec, prompt=prompt, max_tokens=16, num_draft_tokens=3)[0] == _run(base, prompt=prompt, max_tokens=16)[0]
 
@@ -222,7 +224,7 @@ def test_sampling_preserves_target_distribution(engines, vocab_engines, use_draf
     prompt = [0, 3, 4]
     expected = _exact_two_token_distribution(engines["tensorrt_llm"], prompt, params)
     V = engines["tensorrt_llm"].vocab_size
-    loop = SpeculativeLoop(LoopSettings(), _engine_call(engines))
+    loop = SpeculativeLoop(loop_settings(), _engine_call(engines))
     n = 2000
     counts = Counter()
     accepted = 0
@@ -234,7 +236,7 @@ def test_sampling_preserves_target_distribution(engines, vocab_engines, use_draf
             seed=1_000 + i,
         )
         counts[tokens[0] * V + tokens[1]] += 1
-        accepted += stats.num_accepted_tokens
+        accepted += stats.total_accepted_draft_tokens
     keep = expected * n >= 5  # chi-square needs expected counts >= 5; pool the rest
     observed = np.array([counts[i] for i in range(V * V)], dtype=float)
     obs = np.append(observed[keep], observed[~keep].sum())

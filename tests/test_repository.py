@@ -7,6 +7,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from trtspec.contract import REQUEST_FIELDS, RESPONSE_STATS
+from trtspec.loop import LoopSettings
 from trtspec.config import parse_config
 from trtspec.repository import RepositoryError, generate_repository, list_models
 
@@ -60,7 +62,7 @@ def test_every_config_parses_and_is_filled(repos):
         models = _parse_all(repo)
         assert set(models) >= {
             "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft",
-            "speculative", "baseline_loop", "ensemble", "baseline", "ngram_draft",
+            "speculative", "baseline_loop", "ensemble", "baseline",
         }
         for name, cfg in models.items():
             if cfg.platform != "ensemble":
@@ -94,11 +96,10 @@ def test_tensorrt_llm_flavour_parameters(repos, tmp_path):
     d = {k: v.string_value for k, v in trt["tensorrt_llm_draft"].parameters.items()}
     assert d["gpt_model_path"].endswith("engines/draft") and d["gpu_device_ids"] == "1"
     assert d["kv_cache_free_gpu_mem_fraction"] == "0.2"
-    loop = {k: v.string_value for k, v in trt["speculative"].parameters.items()}
-    assert loop["max_draft_len"] == "6" and loop["num_draft_tokens"] == "2"
-    assert loop["draft_model_name"] == "tensorrt_llm_draft" and loop["draft_disabled"] == "false"
-    base = {k: v.string_value for k, v in trt["baseline_loop"].parameters.items()}
-    assert base["draft_disabled"] == "true"
+    loop = _loop_settings(trt["speculative"])
+    assert loop.speculative.max_draft_len == 6 and loop.speculative.num_draft_tokens == 2
+    assert loop.draft_model == "tensorrt_llm_draft" and not loop.draft_disabled
+    assert _loop_settings(trt["baseline_loop"]).draft_disabled
     assert [s.model_name for s in trt["baseline"].ensemble_scheduling.step] == [
         "preprocessing", "baseline_loop", "postprocessing"]
 
@@ -114,17 +115,33 @@ def test_legacy_tensor_names_before_0_20(tmp_path, tiny_target, tiny_draft):
     models = list_models(repo)
     names = {t.name for t in models["tensorrt_llm"].input}
     assert {"min_length", "random_seed"} <= names and not {"min_tokens", "seed"} & names
-    loop = {k: v.string_value for k, v in models["speculative"].parameters.items()}
-    assert loop["engine_min_tokens_name"] == "min_length" and loop["engine_seed_name"] == "random_seed"
+    loop = _loop_settings(models["speculative"])
+    assert loop.engine_name("min_tokens") == "min_length" and loop.engine_name("seed") == "random_seed"
 
 
-def test_ngram_source_adds_the_drafter(tmp_path, tiny_target, tiny_draft):
-    models = list_models(generate_repository(_cfg(tiny_target, tiny_draft, draft_source="hybrid"), tmp_path / "h"))
-    assert "ngram_draft" in models and "tensorrt_llm_draft" in models
-    assert _io(models["ngram_draft"]) == _io(models["tensorrt_llm_draft"])
+def test_ngram_only_deployment_has_no_draft_model(tmp_path, tiny_target):
     cfg = parse_config({"target": {"checkpoint": str(tiny_target)}, "speculative": {"draft_source": "ngram"}})
     models = list_models(generate_repository(cfg, tmp_path / "n"))
-    assert "ngram_draft" in models and "tensorrt_llm_draft" not in models
+    assert "tensorrt_llm_draft" not in models and _loop_settings(models["speculative"]).draft_model is None
+
+
+def test_loop_and_ensemble_interfaces_come_from_the_contract(repos):
+    """Every request field and statistic is declared where it flows, under its one name (or alias)."""
+    models = _parse_all(repos[0])
+    ens_in = {t.name for t in models["ensemble"].input}
+    loop_in = {t.name for t in models["speculative"].input}
+    assert ens_in == {f.name for f in REQUEST_FIELDS}
+    assert {f.loop_input for f in REQUEST_FIELDS if f.loop_input} <= loop_in
+    stats = {s.name for s in RESPONSE_STATS}
+    for name in ("ensemble", "baseline", "speculative", "baseline_loop"):
+        assert stats <= {t.name for t in models[name].output}
+    step = next(st for st in models["ensemble"].ensemble_scheduling.step if st.model_name == "speculative")
+    assert set(step.input_map) == loop_in  # every loop input is fed
+    assert {v for k, v in step.input_map.items() if not v.startswith("_")} <= ens_in
+
+
+def _loop_settings(config):
+    return LoopSettings.model_validate_json(config.parameters["loop_settings"].string_value)
 
 
 def test_tensorrt_llm_flavour_needs_engines(tmp_path, tiny_target, tiny_draft):

@@ -92,7 +92,7 @@ def baseline(server):
     with ThreadPoolExecutor(4) as pool:
         gens = list(pool.map(lambda p: client.generate(p, MAX_TOKENS), PROMPTS))
     for g in gens:
-        assert g.stats["total_draft_tokens"] == 0 and len(g.token_ids) > 0
+        assert g.stats.total_draft_tokens == 0 and len(g.token_ids) > 0
     return [g.token_ids for g in gens]
 
 
@@ -105,8 +105,8 @@ def test_greedy_speculative_identical_to_baseline(server, baseline, protocol, st
         gens = list(pool.map(lambda p: client.generate(p, MAX_TOKENS, stream=stream, num_draft_tokens=k), PROMPTS))
     for prompt, want, g in zip(PROMPTS, baseline, gens):
         assert g.token_ids == want, f"prompt {prompt!r}"
-    drafted = sum(g.stats["total_draft_tokens"] for g in gens)
-    accepted = sum(g.stats["total_accepted_draft_tokens"] for g in gens)
+    drafted = sum(g.stats.total_draft_tokens for g in gens)
+    accepted = sum(g.stats.total_accepted_draft_tokens for g in gens)
     assert drafted > 0 and 0 < accepted <= drafted  # the draft took part, and some of it was accepted
     if stream:
         assert any(len(g.chunks) > 1 for g in gens)  # tokens really arrived in pieces
@@ -137,8 +137,8 @@ def test_every_draft_source_is_exact(server, baseline, source):
         gens = list(pool.map(lambda p: client.generate(p, MAX_TOKENS, num_draft_tokens=3, draft_source=source,
                                                        draft_length_policy=policy or None), prompts))
     assert [g.token_ids for g in gens] == want
-    by_source = [sum(g.stats["accepted_by_source"][i] for g in gens) for i in range(2)]  # [model, ngram]
-    accepted = sum(g.stats["total_accepted_draft_tokens"] for g in gens)
+    by_source = [sum(g.stats.accepted_by_source[i] for g in gens) for i in range(2)]  # [model, ngram]
+    accepted = sum(g.stats.total_accepted_draft_tokens for g in gens)
     assert sum(by_source) == accepted
     if source == "ngram":
         assert by_source[0] == 0 and by_source[1] > 0  # grounded prompts copy from the prompt
@@ -264,9 +264,9 @@ def test_draft_unloaded_mid_run_falls_back_to_target_only(server, baseline):
         for prompt, want in list(zip(PROMPTS, baseline))[:3]:
             g = client.generate(prompt, MAX_TOKENS, num_draft_tokens=3, stream=True)
             assert g.token_ids == want
-            assert g.stats["draft_fallbacks"] == 1 and g.stats["total_draft_tokens"] == 0
+            assert g.stats.draft_fallbacks == 1 and g.stats.total_draft_tokens == 0
         assert _metric(server, "spec_decode_num_fallbacks") == before + 3
     finally:
         admin.load_model("tensorrt_llm_draft")
     g = _client(server).generate(PROMPTS[0], MAX_TOKENS, num_draft_tokens=3)
-    assert g.stats["draft_fallbacks"] == 0 and g.stats["total_draft_tokens"] > 0
+    assert g.stats.draft_fallbacks == 0 and g.stats.total_draft_tokens > 0

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from trtspec.ngram import propose
+from trtspec.metrics import SpecStats
+from trtspec.drafters import propose_ngram as propose
 from trtspec.speculative import (
     DraftLengthPolicy,
     PayoffGate,
     SamplingParams,
-    SpecStats,
     find_stop,
     probabilities,
     speedup_bound,
@@ -172,14 +172,14 @@ def test_spec_stats_rates_and_positions():
     s.record(3, 2)
     s.record(2, 0)
     s.record(0, 0)  # a plain target step
-    assert (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, s.num_iterations) == (2, 5, 2, 3)
+    assert (s.num_drafts, s.total_draft_tokens, s.total_accepted_draft_tokens, s.num_iterations) == (2, 5, 2, 3)
     assert s.acceptance_rate == pytest.approx(0.4)
     assert s.mean_acceptance_length == pytest.approx(2.0)
-    assert s.proposed_per_pos == [2, 2, 1] and s.accepted_per_pos == [1, 1, 0]
+    assert s.proposed_per_position == [2, 2, 1] and s.accepted_per_position == [1, 1, 0]
     t = SpecStats()
     t.record(4, 4)
     s.merge(t)
-    assert s.proposed_per_pos == [3, 3, 2, 1] and s.accepted_per_pos == [2, 2, 1, 1]
+    assert s.proposed_per_position == [3, 3, 2, 1] and s.accepted_per_position == [2, 2, 1, 1]
 
 
 def test_find_stop():

@@ -15,15 +15,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-STAT_FIELDS = (
-    "acceptance_rate",
-    "total_accepted_draft_tokens",
-    "total_draft_tokens",
-    "num_iterations",
-    "num_drafts",
-    "draft_fallbacks",
-)
-LIST_FIELDS = ("accepted_per_position", "proposed_per_position", "accepted_by_source")
+from trtspec.contract import REQUEST_FIELDS, RESPONSE_STATS, field_by_name
+from trtspec.metrics import SpecStats
+
+STAT_NAMES = tuple(s.name for s in RESPONSE_STATS)
 
 
 class ClientError(Exception):
@@ -35,7 +30,7 @@ class Chunk:
     text: str
     token_ids: list[int]
     time: float  # perf_counter when the chunk arrived
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: SpecStats | None = None  # the request's running statistics (the last chunk's are the final ones)
 
 
 @dataclass
@@ -44,7 +39,7 @@ class Generation:
     token_ids: list[int]
     chunks: list[Chunk]
     start: float
-    stats: dict[str, Any]
+    stats: SpecStats
 
     @property
     def ttft(self) -> float:
@@ -61,52 +56,23 @@ class Generation:
 
     @property
     def acceptance_rate(self) -> float:
-        return float(self.stats.get("acceptance_rate", 0.0))
+        return self.stats.acceptance_rate
 
 
-def _stats(values: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k in STAT_FIELDS:
-        if k in values and values[k] is not None:
-            v = np.asarray(values[k]).reshape(-1)
-            out[k] = float(v[0]) if k == "acceptance_rate" else int(v[0])
-    for k in LIST_FIELDS:
-        if k in values and values[k] is not None:
-            out[k] = [int(x) for x in np.asarray(values[k]).reshape(-1)]
-    return out
+def _stats(values: dict[str, Any]) -> SpecStats | None:
+    return SpecStats.from_wire(values) if any(values.get(n) is not None for n in STAT_NAMES) else None
 
 
-def _request_fields(
-    prompt: str,
-    max_tokens: int,
-    stream: bool,
-    num_draft_tokens: int | None,
-    use_draft_logits: bool | None,
-    temperature: float | None,
-    top_k: int | None,
-    top_p: float | None,
-    seed: int | None,
-    stop_words: list[str] | None,
-    bad_words: list[str] | None,
-    draft_source: str | None,
-    end_id: int | None,
-    draft_length_policy: str | None = None,
-) -> dict[str, Any]:
+def request_fields(prompt: str, max_tokens: int, stream: bool, **params: Any) -> dict[str, Any]:
+    """The request as the text endpoints take it; `params` are other request fields (trtspec.contract), None = unset."""
     fields: dict[str, Any] = {"text_input": prompt, "max_tokens": max_tokens, "stream": stream, "return_perf_metrics": True}
-    optional = {
-        "num_draft_tokens": num_draft_tokens,
-        "use_draft_logits": use_draft_logits,
-        "temperature": temperature,
-        "top_k": top_k,
-        "top_p": top_p,
-        "seed": seed,
-        "stop_words": stop_words,
-        "bad_words": bad_words,
-        "draft_source": draft_source,
-        "end_id": end_id,
-        "draft_length_policy": draft_length_policy,
-    }
-    fields.update({k: v for k, v in optional.items() if v is not None})
+    for name, value in params.items():
+        try:
+            field_by_name(name)
+        except KeyError:
+            raise TypeError(f"unknown request field {name!r}; known: {', '.join(f.name for f in REQUEST_FIELDS)}") from None
+        if value is not None:
+            fields[name] = value
     return fields
 
 
@@ -122,17 +88,13 @@ class Client:
     def generate(self, prompt: str, max_tokens: int = 64, stream: bool = False, **params: Any) -> Generation:
         start = time.perf_counter()
         chunks = list(self.stream(prompt, max_tokens, stream=stream, **params))
-        stats = chunks[-1].stats if chunks else {}
+        stats = next((c.stats for c in reversed(chunks) if c.stats is not None), SpecStats())
         return Generation(
             "".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids], chunks, start, stats
         )
 
     def stream(self, prompt: str, max_tokens: int = 64, stream: bool = True, **params: Any) -> Iterator[Chunk]:
-        fields = _request_fields(prompt, max_tokens, stream, *(params.pop(k, None) for k in (
-            "num_draft_tokens", "use_draft_logits", "temperature", "top_k", "top_p", "seed",
-            "stop_words", "bad_words", "draft_source", "end_id", "draft_length_policy")))
-        if params:
-            raise TypeError(f"unknown parameters: {', '.join(params)}")
+        fields = request_fields(prompt, max_tokens, stream, **params)
         if self.protocol == "http":
             yield from self._http(fields)
         else:
@@ -172,16 +134,9 @@ class Client:
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-        dtypes = {
-            "text_input": np.object_, "max_tokens": np.int32, "stream": np.bool_, "return_perf_metrics": np.bool_,
-            "num_draft_tokens": np.int32, "use_draft_logits": np.bool_, "temperature": np.float32,
-            "top_k": np.int32, "top_p": np.float32, "seed": np.uint64, "stop_words": np.object_,
-            "bad_words": np.object_, "draft_source": np.object_, "end_id": np.int32,
-            "draft_length_policy": np.object_,
-        }
         inputs = []
         for name, value in fields.items():
-            arr = np.array([value if isinstance(value, list) else [value]], dtype=dtypes[name])
+            arr = np.array([value if isinstance(value, list) else [value]], dtype=field_by_name(name).numpy)
             if arr.dtype == np.object_:
                 arr = np.vectorize(lambda s: s.encode("utf-8"), otypes=[np.object_])(arr)
             t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
@@ -202,7 +157,7 @@ class Client:
                 response = result.get_response()
                 final = response.parameters.get("triton_final_response")
                 if result.as_numpy("text_output") is not None:
-                    values = {name: result.as_numpy(name) for name in ("text_output", "output_ids", *STAT_FIELDS, *LIST_FIELDS)}
+                    values = {name: result.as_numpy(name) for name in ("text_output", "output_ids", *STAT_NAMES)}
                     text = values.pop("text_output").reshape(-1)[0]
                     yield Chunk(
                         text.decode("utf-8") if isinstance(text, bytes) else str(text),

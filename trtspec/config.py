@@ -14,6 +14,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
+from trtspec.contract.fields import DRAFT_LENGTH_POLICIES
+from trtspec.drafters import SELECTIONS
+
+
 class ConfigError(Exception):
     """A build config that cannot be used; the message is meant for the user as is."""
 
@@ -77,9 +81,9 @@ class SpeculativeConfig(_Strict):
     max_draft_len: Annotated[int, Field(ge=1, le=64)] = 8
     num_draft_tokens: Annotated[int, Field(ge=0, le=64)] = 4
     use_draft_logits: bool = False
-    draft_length_policy: Literal["fixed", "adaptive"] = "fixed"
+    draft_length_policy: Literal[DRAFT_LENGTH_POLICIES] = "fixed"  # type: ignore[valid-type]
     adaptive: AdaptivePolicy = AdaptivePolicy()
-    draft_source: Literal["model", "ngram", "hybrid"] = "model"
+    draft_source: Literal[tuple(SELECTIONS)] = "model"  # type: ignore[valid-type]
     ngram_max: Annotated[int, Field(ge=1, le=16)] = 3
     ngram_min: Annotated[int, Field(ge=1, le=16)] = 1
 

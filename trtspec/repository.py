@@ -8,7 +8,6 @@ substitution, so no `${...}` can stay unfilled. The engine flavours differ only 
 Repository (reference or tensorrt_llm flavour):
   preprocessing, postprocessing      target tokenizer
   tensorrt_llm, tensorrt_llm_draft   target and draft engines
-  ngram_draft                        prompt-lookup drafter (any request may pick draft_source)
   speculative, ensemble              the speculative loop and text-in/text-out endpoint
   baseline_loop, baseline            the same, target-only (the A/B baseline)
 """
@@ -22,10 +21,13 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trtspec.config import BuildConfig, EngineKind, checkpoint_path
+from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_STATS
+from trtspec.loop import LoopSettings
+from trtspec.triton.loop_model import settings_parameter
 
 TEMPLATES = Path(__file__).resolve().parent / "model_repository"
 
-TARGET, DRAFT, NGRAM = "tensorrt_llm", "tensorrt_llm_draft", "ngram_draft"
+TARGET, DRAFT = "tensorrt_llm", "tensorrt_llm_draft"
 LOOP, BASELINE_LOOP = "speculative", "baseline_loop"
 ENSEMBLE, BASELINE = "ensemble", "baseline"
 
@@ -53,11 +55,76 @@ def _set_params(config: mc.ModelConfig, **values: object) -> None:
         config.parameters[key].string_value = str(value)
 
 
+def _add_tensor(tensors, name: str, dtype: str, dims: tuple[int, ...], optional: bool = False) -> None:
+    t = tensors.add(name=name, data_type=mc.DataType.Value(f"TYPE_{dtype}"), dims=list(dims))
+    if optional:
+        t.optional = True
+
+
+# what the loop returns besides the statistics: the tokens a response adds, the tokens generated before them
+# (a window, as detokenization context) and the running length
+_LOOP_TOKEN_OUTPUTS = (("output_ids", (-1,)), ("prefix_ids", (-1,)), ("sequence_length", (1,)))
+
+
+def _stat_outputs(config: mc.ModelConfig) -> None:
+    for s in RESPONSE_STATS:
+        _add_tensor(config.output, s.name, s.dtype, (-1,) if s.vector else (1,))
+
+
+def loop_io(config: mc.ModelConfig) -> None:
+    """The loop model's declared tensors, from trtspec.contract."""
+    for name, dtype, dims, optional in LOOP_TOKEN_INPUTS:
+        _add_tensor(config.input, name, dtype, dims, optional)
+    for f in REQUEST_FIELDS:
+        if f.loop_input is not None:
+            _add_tensor(config.input, f.loop_input, f.dtype, f.dims, optional=True)
+    for name, dims in _LOOP_TOKEN_OUTPUTS:
+        _add_tensor(config.output, name, "INT32", dims)
+    _stat_outputs(config)
+
+
+def ensemble_io(config: mc.ModelConfig, loop_name: str) -> None:
+    """The text endpoint's declared tensors and its loop step's maps, from trtspec.contract."""
+    for f in REQUEST_FIELDS:
+        _add_tensor(config.input, f.name, f.dtype, f.dims, optional=not f.required)
+    _add_tensor(config.output, "text_output", "STRING", (1,))
+    _add_tensor(config.output, "output_ids", "INT32", (-1,))
+    _add_tensor(config.output, "sequence_length", "INT32", (1,))
+    _stat_outputs(config)
+    step = next(st for st in config.ensemble_scheduling.step if st.model_name == LOOP)
+    step.model_name = loop_name
+    for name, *_ in LOOP_TOKEN_INPUTS:
+        step.input_map[name] = f"_{name}"
+    for f in REQUEST_FIELDS:
+        if f.loop_input is not None:
+            step.input_map[f.loop_input] = f.name
+    step.output_map["output_ids"] = "output_ids"
+    step.output_map["prefix_ids"] = "_prefix_ids"
+    step.output_map["sequence_length"] = "sequence_length"
+    for s in RESPONSE_STATS:
+        step.output_map[s.name] = s.name
+
+
+def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_input_names: dict[str, str]) -> LoopSettings:
+    return LoopSettings(
+        speculative=cfg.speculative,
+        max_input_len=cfg.limits.max_input_len,
+        target_model=TARGET,
+        draft_model=DRAFT if uses_model else None,
+        draft_disabled=baseline,
+        engine_input_names=engine_input_names,
+        max_concurrent_requests=max(64, cfg.limits.max_batch_size),
+    )
+
+
 def _version_tuple(v: str | None) -> tuple[int, int]:
     if not v:
         return (1, 1)
     major, minor = v.split(".")[:2]
     return int(major), int(minor)
+
+
+LEGACY_ENGINE_NAMES = {"min_tokens": "min_length", "seed": "random_seed"}
 
 
 def legacy_tensor_names(trtllm_version: str | None) -> bool:
@@ -121,9 +188,8 @@ def _engine_config(
         max_beam_width=1,
     )
     if legacy_tensor_names(trtllm_version):
-        renames = {"min_tokens": "min_length", "seed": "random_seed"}
         for tensor in config.input:
-            tensor.name = renames.get(tensor.name, tensor.name)
+            tensor.name = LEGACY_ENGINE_NAMES.get(tensor.name, tensor.name)
     return config
 
 
@@ -168,7 +234,6 @@ def _write_models(
 ) -> None:
     spec = cfg.speculative
     uses_model = cfg.draft is not None and spec.draft_source in ("model", "hybrid")
-    uses_ngram = True  # weightless and cheap: every deployment can take draft_source per request
     w = _Writer(cfg, partial)
     tokenizer_dir = checkpoint_path(cfg, "target").resolve()
 
@@ -185,47 +250,20 @@ def _write_models(
     w.write(w.batch(_engine_config(cfg, "target", TARGET, target_engine_dir, version, fractions.get("target"))), engine_py)
     if cfg.draft is not None and uses_model:
         w.write(w.batch(_engine_config(cfg, "draft", DRAFT, draft_engine_dir, version, fractions.get("draft"))), engine_py)
-    if uses_ngram:
-        c = w.batch(load_template(TARGET))
-        c.name, c.backend = NGRAM, "python"
-        c.ClearField("dynamic_batching")
-        c.ClearField("parameters")
-        _set_params(c, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)
-        w.write(c, TEMPLATES / NGRAM / "1" / "model.py")
-
     legacy = cfg.engine is EngineKind.tensorrt_llm and legacy_tensor_names(version)
-    for loop_name, disabled in ((LOOP, False), (BASELINE_LOOP, True)):
+    aliases = LEGACY_ENGINE_NAMES if legacy else {}
+    for loop_name, baseline in ((LOOP, False), (BASELINE_LOOP, True)):
         c = w.batch(load_template(LOOP))
         c.name = loop_name
-        c.instance_group[0].count = cfg.triton.speculative_instance_count if not disabled else 1
-        _set_params(
-            c,
-            target_model_name=TARGET,
-            draft_model_name=DRAFT if uses_model else "",
-            ngram_model_name=NGRAM if uses_ngram else "",
-            max_draft_len=spec.max_draft_len,
-            num_draft_tokens=spec.num_draft_tokens,
-            draft_source=spec.draft_source,
-            draft_length_policy=spec.draft_length_policy,
-            adaptive_min_draft_len=spec.adaptive.min_draft_len,
-            adaptive_pause_below_acceptance=spec.adaptive.pause_below_acceptance,
-            adaptive_window=spec.adaptive.window,
-            adaptive_probe_every=spec.adaptive.probe_every,
-            adaptive_measure_payoff=spec.adaptive.measure_payoff,
-            max_input_len=cfg.limits.max_input_len,
-            max_concurrent_requests=max(64, cfg.limits.max_batch_size),
-            draft_disabled=disabled,
-            engine_min_tokens_name="min_length" if legacy else "min_tokens",
-            engine_seed_name="random_seed" if legacy else "seed",
-        )
+        c.instance_group[0].count = cfg.triton.speculative_instance_count if not baseline else 1
+        loop_io(c)
+        _set_params(c, **settings_parameter(loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases)))
         w.write(c, TEMPLATES / LOOP / "1" / "model.py")
 
     for ens_name, loop_name in ((ENSEMBLE, LOOP), (BASELINE, BASELINE_LOOP)):
         c = w.batch(load_template(ENSEMBLE))
         c.name = ens_name
-        for step in c.ensemble_scheduling.step:
-            if step.model_name == LOOP:
-                step.model_name = loop_name
+        ensemble_io(c, loop_name)
         w.write(c)
 
 

@@ -1,7 +1,7 @@
-"""The speculative-decoding algorithm, pure: acceptance arithmetic, draft-length policy, counters.
+"""The speculative-decoding algorithm, pure: acceptance arithmetic, draft-length policy, expected speed-up.
 
 No Triton, no torch: numpy only, so it is unit-tested on its own and imported unchanged by the
-reference engine (verification) and by the loop model (policy, counters, stop handling).
+reference engine (verification) and by the loop (policy, stop handling). Counters: trtspec.metrics.
 """
 
 from __future__ import annotations
@@ -255,61 +255,6 @@ class PayoffGate:
             self._seen.add(source)
             return
         self._runs[source] = (self._runs.get(source, []) + [(tokens, seconds)])[-self.window :]
-
-
-# ---------------------------------------------------------------- counters
-
-
-@dataclass
-class SpecStats:
-    """Speculative counters of one request (or summed over many). Rates are derived, never stored."""
-
-    num_drafts: int = 0  # iterations that proposed at least one token
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    num_iterations: int = 0  # target calls
-    num_fallbacks: int = 0  # draft calls that failed; the request went on target-only
-    proposed_per_pos: list[int] = field(default_factory=list)
-    accepted_per_pos: list[int] = field(default_factory=list)
-
-    def record(self, proposed: int, accepted: int) -> None:
-        self.num_iterations += 1
-        if proposed == 0:
-            return
-        self.num_drafts += 1
-        self.num_draft_tokens += proposed
-        self.num_accepted_tokens += accepted
-        need = max(proposed, len(self.proposed_per_pos))
-        self.proposed_per_pos += [0] * (need - len(self.proposed_per_pos))
-        self.accepted_per_pos += [0] * (need - len(self.accepted_per_pos))
-        for i in range(proposed):
-            self.proposed_per_pos[i] += 1
-            if i < accepted:
-                self.accepted_per_pos[i] += 1
-
-    def merge(self, other: "SpecStats") -> None:
-        self.num_drafts += other.num_drafts
-        self.num_draft_tokens += other.num_draft_tokens
-        self.num_accepted_tokens += other.num_accepted_tokens
-        self.num_iterations += other.num_iterations
-        self.num_fallbacks += other.num_fallbacks
-        for name in ("proposed_per_pos", "accepted_per_pos"):
-            a, b = getattr(self, name), getattr(other, name)
-            n = max(len(a), len(b))
-            setattr(self, name, [x + y for x, y in zip(a + [0] * (n - len(a)), b + [0] * (n - len(b)))])
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens per target call (accepted + the target's own), vLLM's definition."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
-
-    @property
-    def acceptance_per_pos(self) -> list[float]:
-        return [a / p if p else 0.0 for a, p in zip(self.accepted_per_pos, self.proposed_per_pos)]
 
 
 # ---------------------------------------------------------------- stopping

@@ -16,25 +16,19 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+from trtspec.contract import RESPONSE_STATS
+from trtspec.metrics import EMITTED_COUNTER, REQUESTS_COUNTER, SpecStats
+
 # endpoint -> the loop model that counts its requests (trtspec.repository.LOOP / BASELINE_LOOP)
 LOOP_MODEL = {"ensemble": "speculative", "baseline": "baseline_loop"}
 
-# counter -> the per-request quantity it must equal the sum of
-COUNTERS = {
-    "spec_decode_num_requests": "requests",
-    "spec_decode_num_draft_tokens": "total_draft_tokens",
-    "spec_decode_num_accepted_tokens": "total_accepted_draft_tokens",
-    "spec_decode_num_drafts": "num_drafts",
-    "spec_decode_num_iterations": "num_iterations",
-    "spec_decode_num_emitted_tokens": "output_tokens",
-    "spec_decode_num_fallbacks": "draft_fallbacks",
+# counter -> the per-request quantity it must equal the sum of (a statistic of trtspec.contract, or these two)
+COUNTERS = {REQUESTS_COUNTER: "requests", EMITTED_COUNTER: "output_tokens"} | {
+    s.counter: s.name for s in RESPONSE_STATS if s.counter and not s.vector
 }
 # the three the check is about (the others are reported and must match too)
-PRIMARY = ("spec_decode_num_requests", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
-PER_POSITION = {
-    "spec_decode_num_accepted_tokens_per_pos": "accepted_per_position",
-    "spec_decode_num_draft_tokens_per_pos": "proposed_per_position",
-}
+PRIMARY = (REQUESTS_COUNTER, "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
+PER_POSITION = {s.counter: s.name for s in RESPONSE_STATS if s.label == "position"}
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]  # (metric name, sorted labels)
 
@@ -100,20 +94,17 @@ def per_position(samples: Mapping[Sample, float], name: str, model: str) -> dict
 
 def expected_counts(requests: Iterable[Any]) -> dict[str, dict[str, Any]]:
     """Sum of the final per-response stats of the successful requests, per loop model."""
-    out: dict[str, dict[str, Any]] = {}
+    by_model: dict[str, list[Any]] = {}
     for r in requests:
-        if r.error is not None:
-            continue
-        model = LOOP_MODEL[r.endpoint]
-        acc = out.setdefault(model, {k: 0 for k in COUNTERS.values()} | {k: {} for k in PER_POSITION.values()})
-        acc["requests"] += 1
-        acc["output_tokens"] += r.output_tokens
-        for key in ("total_draft_tokens", "total_accepted_draft_tokens", "num_drafts", "num_iterations",
-                    "draft_fallbacks"):
-            acc[key] += int(r.stats.get(key, 0))
-        for key in PER_POSITION.values():
-            for pos, n in enumerate(r.stats.get(key, [])):
-                acc[key][pos] = acc[key].get(pos, 0) + int(n)
+        if r.error is None:
+            by_model.setdefault(LOOP_MODEL[r.endpoint], []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for model, recs in by_model.items():
+        total = SpecStats.total(r.stats for r in recs)
+        acc: dict[str, Any] = {"requests": len(recs), "output_tokens": sum(r.output_tokens for r in recs)}
+        acc |= {name: getattr(total, name) for name in COUNTERS.values() if name not in acc}
+        acc |= {name: dict(enumerate(getattr(total, name))) for name in PER_POSITION.values()}
+        out[model] = acc
     return out
 
 

@@ -17,9 +17,9 @@ from typing import Any
 from trtspec import __version__
 from trtspec.bench import stats as st
 from trtspec.bench.runner import BASELINE, BenchRun, CellRun, RequestRecord
+from trtspec.metrics import SpecStats
 
 SCHEMA_VERSION = 1
-SOURCES = ("model", "ngram")  # order of the server's accepted_by_source
 
 
 # ------------------------------------------------------------------------------------------------ records
@@ -53,42 +53,27 @@ def request_entry(r: RequestRecord, t0: float, max_tokens: int) -> dict[str, Any
         "client_overhead_fraction": (r.client_overhead_s / e2e) if ok and e2e > 0 else None,
         "response_times_s": [t - r.start for t in r.chunk_times],
         "response_tokens": list(r.chunk_tokens),
-        "stats": dict(r.stats),
+        "stats": r.stats.to_wire(),
         "error": r.error,
     }
 
 
 def _acceptance(ok: list[RequestRecord]) -> dict[str, Any]:
-    drafted = sum(int(r.stats.get("total_draft_tokens", 0)) for r in ok)
-    accepted = sum(int(r.stats.get("total_accepted_draft_tokens", 0)) for r in ok)
-    iterations = sum(int(r.stats.get("num_iterations", 0)) for r in ok)
-    tokens = sum(r.output_tokens for r in ok)
-    width = max((len(r.stats.get("proposed_per_position", [])) for r in ok), default=0)
-    acc_pos, prop_pos = [0] * width, [0] * width
-    for r in ok:
-        for i, v in enumerate(r.stats.get("accepted_per_position", [])):
-            acc_pos[i] += int(v)
-        for i, v in enumerate(r.stats.get("proposed_per_position", [])):
-            prop_pos[i] += int(v)
+    total = SpecStats.total(r.stats for r in ok)
     per_pos = [{"position": i, "accepted": a, "proposed": p, "rate": (a / p) if p else None}
-               for i, (a, p) in enumerate(zip(acc_pos, prop_pos)) if p or a]
-    by_source = {s: 0 for s in SOURCES}
-    for r in ok:
-        for s, v in zip(SOURCES, r.stats.get("accepted_by_source", [])):
-            by_source[s] += int(v)
-    per_request = [r.stats["total_accepted_draft_tokens"] / r.stats["total_draft_tokens"]
-                   for r in ok if r.stats.get("total_draft_tokens")]
+               for i, (a, p) in enumerate(zip(total.accepted_per_position, total.proposed_per_position)) if p or a]
     return {
-        "rate": (accepted / drafted) if drafted else None,
-        "rate_per_request": st.describe(per_request),
-        "mean_accepted_length": (tokens / iterations) if iterations else None,
-        "num_draft_tokens": drafted,
-        "num_accepted_tokens": accepted,
-        "num_iterations": iterations,
-        "num_drafts": sum(int(r.stats.get("num_drafts", 0)) for r in ok),
-        "draft_fallbacks": sum(int(r.stats.get("draft_fallbacks", 0)) for r in ok),
+        "rate": total.acceptance_rate if total.total_draft_tokens else None,
+        "rate_per_request": st.describe(r.stats.acceptance_rate for r in ok if r.stats.total_draft_tokens),
+        "mean_acceptance_length": total.mean_acceptance_length if total.num_drafts else None,
+        "tokens_per_target_call": total.tokens_per_target_call,
+        "num_draft_tokens": total.total_draft_tokens,
+        "num_accepted_tokens": total.total_accepted_draft_tokens,
+        "num_iterations": total.num_iterations,
+        "num_drafts": total.num_drafts,
+        "draft_fallbacks": total.draft_fallbacks,
         "per_position": per_pos,
-        "by_source": by_source,
+        "by_source": total.by_source(),
     }
 
 
@@ -492,7 +477,7 @@ def table(results: dict[str, Any]) -> Any:
             str(c["concurrency"]), k, str(c["num_ok"]), _num(c["output_tokens_per_s"]), sp,
             _dur(c["ttft_s"]["p50"]), _dur(c["itl_token_s"]["p50"]), _dur(c["e2e_s"]["p50"]), _dur(c["e2e_s"]["p90"]),
             _num(acc.get("rate"), "{:.0%}") if c["speculative"] else "-",
-            _num(acc.get("mean_accepted_length"), "{:.2f}") if c["speculative"] else "-",
+            _num(acc.get("tokens_per_target_call"), "{:.2f}") if c["speculative"] else "-",
         ]
         if any_errors:
             row.append(f"[red]{c['num_errors']}[/]" if c["num_errors"] else "0")
@@ -520,7 +505,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     acc = s["acceptance"]
     if acc["num_requests"]:
         lines.append(f"[bold]Acceptance[/]  {_num(acc['rate'], '{:.1%}')} of {acc['num_draft_tokens']} draft tokens, "
-                     f"{_num(acc['mean_accepted_length'], '{:.2f}')} tokens per target call "
+                     f"{_num(acc['tokens_per_target_call'], '{:.2f}')} tokens per target call "
                      f"(n={acc['num_requests']} speculative requests)")
     oh = s["client_overhead_fraction"]
     if oh["n"]:

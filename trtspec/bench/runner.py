@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 from trtspec.bench.metrics import CrossCheck, default_metrics_url
 from trtspec.bench.prompts import Prompt
 from trtspec.client import Client, ClientError
+from trtspec.metrics import SpecStats
 
 ENSEMBLE, BASELINE = "ensemble", "baseline"
 
@@ -116,7 +117,7 @@ class RequestRecord:
     start: float  # perf_counter when the request was sent
     chunk_times: list[float] = field(default_factory=list)  # perf_counter when each response arrived
     chunk_tokens: list[int] = field(default_factory=list)  # token ids each response carried
-    stats: dict[str, Any] = field(default_factory=dict)  # the last response's running stats (= the final ones)
+    stats: SpecStats = field(default_factory=SpecStats)  # the last response's running stats (= the final ones)
     client_overhead_s: float = 0.0
     error: str | None = None
 
@@ -311,7 +312,7 @@ def _one_request(settings: BenchSettings, cell: Cell, index: int, prompt: Prompt
         for chunk in client.stream(prompt.text, settings.max_tokens, stream=True, **params):
             times.append(chunk.time)
             tokens.append(len(chunk.token_ids))
-            if chunk.stats:
+            if chunk.stats is not None:
                 rec.stats = chunk.stats
             now = time.perf_counter()
             overhead += now - max(chunk.time, last_ask)

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import click
 from rich.markup import escape
 
+from trtspec.contract import field_by_name
 from trtspec.commands._common import UserError, console, err_console
 
 _HELP = """Measure speculative decoding against target-only decoding on a running trtspec deployment.
@@ -110,10 +111,10 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
               help="Concurrency levels: requests in flight at once (comma-separated).")
 @click.option("--draft-tokens", default="0,2,4", show_default=True, metavar="LIST",
               help="num_draft_tokens values; 0 = the target-only baseline endpoint (always run).")
-@click.option("--draft-source", type=click.Choice(["model", "ngram", "hybrid"]), default=None,
+@click.option("--draft-source", type=click.Choice(field_by_name("draft_source").choices), default=None,
               help="Who proposes tokens in the speculative cells: the draft model, prompt lookup (n-gram), or "
                    "n-gram when it finds a match else the model. Default: the deployment's draft_source.")
-@click.option("--draft-length-policy", type=click.Choice(["fixed", "adaptive"]), default=None,
+@click.option("--draft-length-policy", type=click.Choice(field_by_name("draft_length_policy").choices), default=None,
               help="fixed: exactly k draft tokens per iteration (what a k sweep measures); adaptive: k adapts and "
                    "a draft source that does not pay is skipped. Default: the deployment's draft_length_policy.")
 @click.option("--k0-on-ensemble", is_flag=True,

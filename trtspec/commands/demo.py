@@ -58,13 +58,14 @@ def _step(n: int, total: int, text: str) -> None:
 def _example(server: Any, cfg: Any, max_tokens: int) -> None:
     from trtspec.bench.prompts import chat
     from trtspec.client import Client, ClientError
+    from trtspec.metrics import SpecStats
 
     k = cfg.speculative.num_draft_tokens
     console.print(f"[dim]prompt:[/] {EXAMPLE_PROMPT}  [dim](ensemble endpoint, num_draft_tokens={k}, "
                   f"max_tokens={max_tokens})[/]")
     client = Client(server.endpoints.http_address, "http", model="ensemble")
     start = time.perf_counter()
-    stats: dict[str, Any] = {}
+    stats = SpecStats()
     tokens = calls = 0
     first = None
     styles = ("bold white", "bold yellow")
@@ -80,14 +81,13 @@ def _example(server: Any, cfg: Any, max_tokens: int) -> None:
         raise UserError(f"the example request failed: {escape(str(e))}") from None
     elapsed = time.perf_counter() - start
     console.print()
-    proposed, accepted = stats.get("total_draft_tokens", 0), stats.get("total_accepted_draft_tokens", 0)
-    iterations = stats.get("num_iterations") or calls
-    per_pos = stats.get("proposed_per_position", [])
-    pos = ", ".join(f"{a}/{p}" for a, p in zip(stats.get("accepted_per_position", []), per_pos) if p)
+    proposed, accepted = stats.total_draft_tokens, stats.total_accepted_draft_tokens
+    iterations = stats.num_iterations or calls
+    pos = ", ".join(f"{a}/{p}" for a, p in zip(stats.accepted_per_position, stats.proposed_per_position) if p)
     console.print(
         f"[dim]{tokens} tokens (counted from token ids) in {elapsed:.1f} s, first after "
         f"{(first - start) if first else elapsed:.2f} s[/]\n"
-        f"acceptance [bold]{stats.get('acceptance_rate', 0.0):.0%}[/] ({accepted} of {proposed} draft tokens), "
+        f"acceptance [bold]{stats.acceptance_rate:.0%}[/] ({accepted} of {proposed} draft tokens), "
         f"[bold]{tokens / iterations:.2f}[/] tokens per target call ({iterations} target calls)"
         + (f"; accepted/proposed per draft position: {pos}" if pos else ""),
         soft_wrap=True,

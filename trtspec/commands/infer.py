@@ -8,6 +8,8 @@ import click
 from rich.table import Table
 
 from trtspec.client import Client, ClientError
+from trtspec.contract import field_by_name
+from trtspec.metrics import SpecStats
 from trtspec.commands._common import console, friendly_errors
 
 
@@ -20,8 +22,9 @@ from trtspec.commands._common import console, friendly_errors
 @click.option("--stream/--no-stream", default=False, show_default=True, help="Print tokens as they are accepted.")
 @click.option("--max-tokens", "-n", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--draft-tokens", "-k", type=click.IntRange(0), default=None, help="num_draft_tokens (default: the deployment's).")
-@click.option("--draft-source", type=click.Choice(["model", "ngram", "hybrid"]), default=None, help="Who proposes tokens.")
-@click.option("--draft-length-policy", type=click.Choice(["fixed", "adaptive"]), default=None,
+@click.option("--draft-source", type=click.Choice(field_by_name("draft_source").choices), default=None,
+              help="Who proposes tokens: the draft model, prompt lookup (ngram), or lookup first (hybrid).")
+@click.option("--draft-length-policy", type=click.Choice(field_by_name("draft_length_policy").choices), default=None,
               help="fixed: always k draft tokens; adaptive: adapt k and skip draft sources that do not pay "
                    "(default: the deployment's).")
 @click.option("--draft-logits", is_flag=True, default=None, help="Rejection sampling against the draft's logits.")
@@ -58,7 +61,7 @@ def command(prompt, url, protocol, baseline, model, stream, max_tokens, draft_to
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
         sys.stdout.write("\n")
-        stats = chunks[-1].stats if chunks else {}
+        stats = next((c.stats for c in reversed(chunks) if c.stats is not None), SpecStats())
         n_tokens = sum(len(c.token_ids) for c in chunks)
     else:
         g = client.generate(prompt, max_tokens, stream=False, **params)
@@ -67,19 +70,18 @@ def command(prompt, url, protocol, baseline, model, stream, max_tokens, draft_to
     _print_stats(stats, n_tokens)
 
 
-def _print_stats(stats: dict, n_tokens: int) -> None:
+def _print_stats(stats: SpecStats, n_tokens: int) -> None:
     table = Table(show_header=False, box=None, pad_edge=False)
-    drafted = stats.get("total_draft_tokens", 0)
-    accepted = stats.get("total_accepted_draft_tokens", 0)
-    iterations = stats.get("num_iterations", 0)
     table.add_row("tokens", str(n_tokens))
-    table.add_row("target calls", str(iterations))
-    if drafted:
-        table.add_row("draft tokens accepted", f"{accepted}/{drafted} ({accepted / drafted:.0%})")
-        per_pos = [f"{a / p:.2f}" if p else "-" for a, p in zip(stats.get("accepted_per_position", []), stats.get("proposed_per_position", []))]
+    table.add_row("target calls", str(stats.num_iterations))
+    if stats.total_draft_tokens:
+        table.add_row("draft tokens accepted",
+                      f"{stats.total_accepted_draft_tokens}/{stats.total_draft_tokens} ({stats.acceptance_rate:.0%})")
+        per_pos = [f"{a / p:.2f}" if p else "-" for a, p in zip(stats.accepted_per_position, stats.proposed_per_position)]
         table.add_row("acceptance by position", " ".join(per_pos))
-    if iterations:
-        table.add_row("tokens per target call", f"{n_tokens / iterations:.2f}")
-    if stats.get("draft_fallbacks"):
-        table.add_row("draft fallbacks", str(stats["draft_fallbacks"]))
+        table.add_row("accepted by source", ", ".join(f"{s} {n}" for s, n in stats.by_source().items()))
+    if stats.num_iterations:
+        table.add_row("tokens per target call", f"{n_tokens / stats.num_iterations:.2f}")
+    if stats.draft_fallbacks:
+        table.add_row("draft fallbacks", str(stats.draft_fallbacks))
     console.print(table)

@@ -1,0 +1,28 @@
+"""The one home of the speculative loop's interface: request fields, response statistics, loop settings.
+
+Every other place (Triton configs, the BLS model, the client, `trtspec infer`, the bench, Prometheus) derives
+its names, types and checks from the tables here. NVIDIA's own declared interfaces, per TensorRT-LLM version,
+live beside them in `trtspec.contract.nvidia`.
+"""
+
+from trtspec.contract.fields import (
+    DRAFT_LENGTH_POLICIES,
+    LOOP_TOKEN_INPUTS,
+    REQUEST_FIELDS,
+    RESPONSE_STATS,
+    RequestError,
+    RequestField,
+    Stat,
+    field_by_name,
+)
+
+__all__ = [
+    "DRAFT_LENGTH_POLICIES",
+    "LOOP_TOKEN_INPUTS",
+    "REQUEST_FIELDS",
+    "RESPONSE_STATS",
+    "RequestError",
+    "RequestField",
+    "Stat",
+    "field_by_name",
+]

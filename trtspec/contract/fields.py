@@ -1,0 +1,145 @@
+"""Request fields and response statistics of a trtspec endpoint, as one table each.
+
+A request field is named once, as clients send it to the text endpoints (`ensemble`, `baseline`); where the
+loop model takes it under TensorRT-LLM's tensor name (`top_k` -> `runtime_top_k`), that alias is in the row.
+`LoopRequest` uses the client name. A response statistic is named once, the same on the wire, in
+`SpecStats` and in Prometheus (with its counter name in the row).
+
+Adding a statistic: one row in RESPONSE_STATS plus its computation in `trtspec.metrics.SpecStats`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from trtspec.drafters import SELECTIONS
+
+DRAFT_LENGTH_POLICIES = ("fixed", "adaptive")
+
+# Triton data types used here -> numpy
+NUMPY = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_, "STRING": np.object_}
+
+
+class RequestError(ValueError):
+    """A bad request: the client gets this message as an error response, the server stays up."""
+
+
+Check = Callable[[Any], "str | None"]  # value -> what is wrong with it, or None
+
+
+def _finite_at_least(lo: float) -> Check:
+    return lambda v: None if math.isfinite(v) and v >= lo else f"must be a finite number >= {lo:g}"
+
+
+def _at_least(lo: int) -> Check:
+    return lambda v: None if v >= lo else f"must be >= {lo}"
+
+
+def _one_of(choices: tuple[str, ...]) -> Check:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+def _unit_interval(v: float) -> str | None:
+    return None if math.isfinite(v) and 0.0 < v <= 1.0 else "must be in (0, 1]"
+
+
+@dataclass(frozen=True)
+class RequestField:
+    name: str  # as clients send it to `ensemble` / `baseline`, and the LoopRequest attribute
+    dtype: str  # Triton type without the TYPE_ prefix
+    doc: str
+    dims: tuple[int, ...] = (1,)
+    required: bool = False
+    loop_input: str | None = None  # the loop model's input name; None: the preprocessing model consumes it
+    check: Check | None = None
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def numpy(self) -> type:
+        return NUMPY[self.dtype]
+
+    def validate(self, value: Any) -> None:
+        if value is None:
+            return
+        problem = self.check(value) if self.check else None
+        if problem:
+            raise RequestError(f"{self.name} {problem}, got {value!r}")
+
+
+def _choice(name: str, choices: tuple[str, ...], doc: str) -> RequestField:
+    return RequestField(name, "STRING", doc, loop_input=name, check=_one_of(choices), choices=choices)
+
+
+REQUEST_FIELDS: tuple[RequestField, ...] = (
+    RequestField("text_input", "STRING", "the prompt", required=True),
+    RequestField("max_tokens", "INT32", "tokens to generate at most", required=True, check=_at_least(1)),
+    RequestField("num_draft_tokens", "INT32", "draft length k (default: the deployment's; 0: no drafting)",
+                 loop_input="num_draft_tokens", check=_at_least(0)),
+    RequestField("use_draft_logits", "BOOL", "rejection sampling against the draft's distribution",
+                 loop_input="use_draft_logits"),
+    _choice("draft_source", tuple(SELECTIONS), "who proposes draft tokens"),
+    _choice("draft_length_policy", DRAFT_LENGTH_POLICIES, "fixed k, or adapt k and skip sources that do not pay"),
+    RequestField("stream", "BOOL", "stream accepted tokens as they come", loop_input="streaming"),
+    RequestField("temperature", "FP32", "0 or unset: greedy", loop_input="temperature", check=_finite_at_least(0.0)),
+    RequestField("top_k", "INT32", "0: no top-k cut", loop_input="runtime_top_k", check=_at_least(0)),
+    RequestField("top_p", "FP32", "nucleus mass", loop_input="runtime_top_p", check=_unit_interval),
+    RequestField("seed", "UINT64", "sampling seed", loop_input="seed"),
+    RequestField("end_id", "INT32", "end token (default: the tokenizer's)"),
+    RequestField("pad_id", "INT32", "pad token (default: the tokenizer's)"),
+    RequestField("stop_words", "STRING", "stop strings (the output ends with the first one)", dims=(-1,)),
+    RequestField("bad_words", "STRING", "strings never generated", dims=(-1,)),
+    RequestField("return_perf_metrics", "BOOL", "accepted for NVIDIA's clients; statistics are always returned",
+                 loop_input="return_perf_metrics"),
+)
+
+# What preprocessing makes of the text fields, as the loop model takes it (TensorRT-LLM's tensor names).
+LOOP_TOKEN_INPUTS: tuple[tuple[str, str, tuple[int, ...], bool], ...] = (
+    # (name, dtype, dims, optional)
+    ("input_ids", "INT32", (-1,), False),
+    ("input_lengths", "INT32", (1,), False),
+    ("request_output_len", "INT32", (1,), False),
+    ("end_id", "INT32", (1,), True),
+    ("pad_id", "INT32", (1,), True),
+    ("stop_words_list", "INT32", (2, -1), True),
+    ("bad_words_list", "INT32", (2, -1), True),
+)
+
+
+def field_by_name(name: str) -> RequestField:
+    for f in REQUEST_FIELDS:
+        if f.name == name:
+            return f
+    raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Stat:
+    """One statistic in every response: a `SpecStats` attribute of the same name."""
+
+    name: str
+    dtype: str  # INT32 or FP32
+    doc: str
+    vector: bool = False  # dims [-1]: one value per draft position / per draft source
+    counter: str | None = None  # Prometheus counter summing it over requests (None: derived, not summed)
+    label: str | None = None  # the counter's label for a vector stat (position, source)
+
+
+RESPONSE_STATS: tuple[Stat, ...] = (
+    Stat("acceptance_rate", "FP32", "accepted / proposed draft tokens"),
+    Stat("total_accepted_draft_tokens", "INT32", "draft tokens accepted", counter="spec_decode_num_accepted_tokens"),
+    Stat("total_draft_tokens", "INT32", "draft tokens proposed", counter="spec_decode_num_draft_tokens"),
+    Stat("num_iterations", "INT32", "target calls (verify steps)", counter="spec_decode_num_iterations"),
+    Stat("num_drafts", "INT32", "iterations that proposed draft tokens", counter="spec_decode_num_drafts"),
+    Stat("draft_fallbacks", "INT32", "draft calls that failed; the request continued target-only",
+         counter="spec_decode_num_fallbacks"),
+    Stat("accepted_per_position", "INT32", "accepted draft tokens by position in the draft", vector=True,
+         counter="spec_decode_num_accepted_tokens_per_pos", label="position"),
+    Stat("proposed_per_position", "INT32", "proposed draft tokens by position in the draft", vector=True,
+         counter="spec_decode_num_draft_tokens_per_pos", label="position"),
+    Stat("accepted_by_source", "INT32", "accepted draft tokens by the drafter that proposed them (drafters.SOURCES order)",
+         vector=True, counter="spec_decode_num_accepted_tokens_by_source", label="source"),
+)

@@ -1,0 +1,92 @@
+"""Drafters: who proposes the draft tokens the target verifies, behind one small interface.
+
+A drafter proposes up to k tokens for a running sequence (an empty proposal means "take a plain target
+step"). Drafters that need no engine run in the loop's own process (no Triton round trip); a draft model
+is called through the loop's engine boundary. SOURCES is the one table of draft sources; SELECTIONS names
+what a request or deployment may ask for (`draft_source`), each an order over SOURCES: the first
+source with a proposal wins.
+
+Adding a drafter: a class with `propose` here (or in its own module) plus one row in SOURCES.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    logits: np.ndarray | None = None  # [1, len(tokens), vocab], for rejection sampling against the draft
+
+
+class Drafter(Protocol):
+    def propose(self, seq: Sequence[int], k: int, want_logits: bool) -> Proposal: ...
+
+
+class NgramDrafter:
+    """Prompt lookup: what followed the most recent earlier occurrence of the sequence's last n tokens,
+    trying n from n_max down to n_min. It reads the running sequence, so it learns from accepted output."""
+
+    def __init__(self, n_max: int, n_min: int):
+        self.n_max, self.n_min = n_max, n_min
+
+    def propose(self, seq: Sequence[int], k: int, want_logits: bool = False) -> Proposal:
+        return Proposal(propose_ngram(seq, k, self.n_max, self.n_min))
+
+
+def propose_ngram(tokens: Sequence[int], k: int, n_max: int = 3, n_min: int = 1) -> list[int]:
+    """Up to k tokens copied from after the latest earlier match of the longest suffix n-gram; [] if none."""
+    L = len(tokens)
+    if k <= 0 or L < 2:
+        return []
+    seq = list(tokens)
+    for n in range(min(n_max, L - 1), n_min - 1, -1):
+        suffix = seq[L - n :]
+        # most recent occurrence first; it must end before the suffix itself starts repeating at L
+        for start in range(L - n - 1, -1, -1):
+            if seq[start : start + n] == suffix:
+                follow = seq[start + n : start + n + k]
+                if follow:
+                    return follow
+    return []
+
+
+class EngineDrafter:
+    """A draft model behind the engine boundary (`tensorrt_llm_draft`: TensorRT-LLM engine or reference engine)."""
+
+    def __init__(self, draft: Callable[[Sequence[int], int, bool], Proposal]):
+        self._draft = draft
+
+    def propose(self, seq: Sequence[int], k: int, want_logits: bool) -> Proposal:
+        return self._draft(seq, k, want_logits)
+
+
+@dataclass(frozen=True)
+class DraftSource:
+    name: str
+    doc: str
+    needs_draft_model: bool
+    # (loop settings, the request's draft-model call) -> a drafter for one request
+    make: Callable[[Any, Callable[[Sequence[int], int, bool], Proposal]], Drafter]
+    gives_logits: bool = False
+
+
+SOURCES: dict[str, DraftSource] = {
+    "model": DraftSource("model", "the draft model", True, lambda settings, call: EngineDrafter(call), gives_logits=True),
+    "ngram": DraftSource(
+        "ngram",
+        "prompt lookup in the running sequence, in the loop's process",
+        False,
+        lambda settings, call: NgramDrafter(settings.speculative.ngram_max, settings.speculative.ngram_min),
+    ),
+}
+
+SELECTIONS: dict[str, tuple[str, ...]] = {
+    "model": ("model",),
+    "ngram": ("ngram",),
+    "hybrid": ("ngram", "model"),  # prompt lookup when it finds a match (free), else the draft model
+}

@@ -1,0 +1,154 @@
+"""Speculative-decoding statistics: counting (per request), aggregation (over requests), Prometheus export.
+
+One class, `SpecStats`, counts a request, sums many (`merge`), derives the rates, and goes to and from the
+wire; its attribute names are the statistic names of `trtspec.contract.RESPONSE_STATS`. The Prometheus
+exporter sums the same statistics into the counters named in that table. Like vLLM's
+`spec_decode/metrics.py`, all of it is here and testable without a server: the exporter takes Triton's
+`pb_utils` as an argument.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from trtspec.contract import RESPONSE_STATS
+from trtspec.drafters import SOURCES
+
+REQUESTS_COUNTER = "spec_decode_num_requests"
+EMITTED_COUNTER = "spec_decode_num_emitted_tokens"
+
+
+@dataclass
+class SpecStats:
+    """Counters of one request, or summed over many. Rates are derived, never stored."""
+
+    num_drafts: int = 0  # iterations that proposed at least one token
+    total_draft_tokens: int = 0
+    total_accepted_draft_tokens: int = 0
+    num_iterations: int = 0  # target calls
+    draft_fallbacks: int = 0  # draft calls that failed; the request went on target-only
+    proposed_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    accepted_by_source: list[int] = field(default_factory=lambda: [0] * len(SOURCES))
+
+    def record(self, proposed: int, accepted: int, source: str | None = None) -> None:
+        """One target call that verified `proposed` draft tokens from `source`, of which `accepted` were taken."""
+        self.num_iterations += 1
+        if proposed == 0:
+            return
+        self.num_drafts += 1
+        self.total_draft_tokens += proposed
+        self.total_accepted_draft_tokens += accepted
+        if source is not None:
+            self.accepted_by_source[list(SOURCES).index(source)] += accepted
+        for name, n in (("proposed_per_position", proposed), ("accepted_per_position", accepted)):
+            per_pos = getattr(self, name)
+            per_pos += [0] * (max(proposed, len(per_pos)) - len(per_pos))
+            for i in range(n):
+                per_pos[i] += 1
+
+    def merge(self, other: "SpecStats") -> "SpecStats":
+        for s in RESPONSE_STATS:
+            if s.counter is None:
+                continue
+            a, b = getattr(self, s.name), getattr(other, s.name)
+            if s.vector:
+                n = max(len(a), len(b))
+                setattr(self, s.name, [x + y for x, y in zip(a + [0] * (n - len(a)), b + [0] * (n - len(b)))])
+            else:
+                setattr(self, s.name, a + b)
+        return self
+
+    @classmethod
+    def total(cls, stats: Iterable["SpecStats"]) -> "SpecStats":
+        out = cls()
+        for s in stats:
+            out.merge(s)
+        return out
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.total_accepted_draft_tokens / self.total_draft_tokens if self.total_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per target call that drafted: accepted + the target's own (vLLM's definition)."""
+        return 1.0 + self.total_accepted_draft_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def tokens_per_target_call(self) -> float | None:
+        """Accepted draft tokens + the target's own token, per target call, drafting or not."""
+        return (self.total_accepted_draft_tokens + self.num_iterations) / self.num_iterations if self.num_iterations else None
+
+    def by_source(self) -> dict[str, int]:
+        return dict(zip(SOURCES, self.accepted_by_source))
+
+    # ------------------------------------------------------------------ the wire
+
+    def to_wire(self) -> dict[str, Any]:
+        """{stat name: value} for a response (JSON-able: ints, floats, lists of ints)."""
+        return {s.name: getattr(self, s.name) for s in RESPONSE_STATS}
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """{stat name: [1, n] array} as the loop model returns them."""
+        out = {}
+        for s in RESPONSE_STATS:
+            v = getattr(self, s.name)
+            dtype = np.float32 if s.dtype == "FP32" else np.int32
+            out[s.name] = np.asarray((v or [0]) if s.vector else [v], dtype=dtype).reshape(1, -1)
+        return out
+
+    @classmethod
+    def from_wire(cls, values: Mapping[str, Any]) -> "SpecStats":
+        """From a response's statistics (JSON values or arrays); absent ones count as zero."""
+        out = cls()
+        for s in RESPONSE_STATS:
+            if s.counter is None or values.get(s.name) is None:
+                continue
+            flat = [int(x) for x in np.asarray(values[s.name]).reshape(-1)]
+            setattr(out, s.name, flat if s.vector else flat[0])
+        return out
+
+
+class PrometheusExporter:
+    """The loop's counters as Triton custom metrics, named after vLLM's spec_decode_* series.
+
+    Each RESPONSE_STATS row with a counter becomes a counter family (vector stats get a label per position or
+    source), plus requests and emitted tokens. `pb_utils` is Triton's module (a fake one in unit tests).
+    """
+
+    def __init__(self, pb_utils: Any, model_name: str):
+        self._labels = {"model": model_name}
+        self._lock = threading.Lock()
+        self._families: dict[str, Any] = {}  # kept alive: Triton drops a family's metrics once it is collected
+        self._metrics: dict[tuple, Any] = {}
+        kind = pb_utils.MetricFamily.COUNTER
+        docs = {REQUESTS_COUNTER: "Requests finished by the speculative loop", EMITTED_COUNTER: "Tokens returned to clients"}
+        docs |= {s.counter: s.doc.capitalize() for s in RESPONSE_STATS if s.counter}
+        for name, doc in docs.items():
+            self._families[name] = pb_utils.MetricFamily(name=name, description=doc, kind=kind)
+
+    def _metric(self, family: str, **extra: str) -> Any:
+        key = (family, tuple(sorted(extra.items())))
+        with self._lock:
+            if key not in self._metrics:
+                self._metrics[key] = self._families[family].Metric(dict(self._labels, **extra))
+            return self._metrics[key]
+
+    def record(self, stats: SpecStats, emitted: int) -> None:
+        self._metric(REQUESTS_COUNTER).increment(1)
+        self._metric(EMITTED_COUNTER).increment(emitted)
+        for s in RESPONSE_STATS:
+            if s.counter is None:
+                continue
+            value = getattr(stats, s.name)
+            if not s.vector:
+                self._metric(s.counter).increment(value)
+                continue
+            keys = list(SOURCES) if s.label == "source" else [str(i) for i in range(len(value))]
+            for key, n in zip(keys, value):
+                self._metric(s.counter, **{s.label: key}).increment(n)

@@ -1,0 +1,131 @@
+"""The speculative loop as a decoupled Python BLS model (the `speculative` and `baseline_loop` models).
+
+It streams accepted tokens as they come, serves many requests at once (each in its own worker thread;
+execute() returns at once), reports the statistics of trtspec.contract in every response and in Prometheus,
+and stops a request when its client cancels it.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Mapping
+
+import numpy as np
+
+from trtspec import triton_io as io
+from trtspec.contract import REQUEST_FIELDS, RequestError
+from trtspec.loop import Chunk, EngineCallError, LoopRequest, LoopSettings, SpeculativeLoop
+from trtspec.metrics import PrometheusExporter
+
+SETTINGS_PARAMETER = "loop_settings"  # the one model parameter: LoopSettings as JSON
+PREFIX_WINDOW = 8  # generated tokens sent back as prefix_ids: enough context for detokenizing a chunk
+
+
+def engine_call(pb_utils: Any):
+    """The loop's engine boundary as BLS requests to other models of the server."""
+
+    def call(model_name: str, tensors: Mapping[str, np.ndarray], wanted: list[str]) -> dict[str, np.ndarray]:
+        request = pb_utils.InferenceRequest(
+            model_name=model_name,
+            requested_output_names=wanted,
+            inputs=[pb_utils.Tensor(k, v) for k, v in tensors.items()],
+        )
+        response = request.exec()
+        if response.has_error():
+            raise EngineCallError(f"{model_name}: {response.error().message()}")
+        out = {}
+        for name in wanted:
+            t = pb_utils.get_output_tensor_by_name(response, name)
+            if t is not None:
+                out[name] = t.as_numpy()
+        return out
+
+    return call
+
+
+def parse_request(pb_utils: Any, request: Any) -> LoopRequest:
+    get = lambda name, default=None: io.scalar(pb_utils, request, name, default)  # noqa: E731
+    prompt = io.ids(pb_utils, request, "input_ids") or []
+    prompt = prompt[: int(get("input_lengths", len(prompt)))]
+    end_id, pad_id = get("end_id"), get("pad_id")
+    values: dict[str, Any] = {
+        f.name: get(f.loop_input) for f in REQUEST_FIELDS if f.loop_input is not None
+    }
+    values = {k: v for k, v in values.items() if v is not None and v != ""}
+    return LoopRequest(
+        prompt=prompt,
+        max_tokens=int(get("request_output_len", 0)),
+        end_id=None if end_id is None or end_id < 0 else end_id,  # preprocessing sends -1 for "none"
+        pad_id=None if pad_id is None or pad_id < 0 else pad_id,
+        stop_words=io.words_list(io.tensor(pb_utils, request, "stop_words_list")),
+        bad_words=io.words_list(io.tensor(pb_utils, request, "bad_words_list")),
+        **values,
+    )
+
+
+def response_tensors(tokens: list[int], before: list[int], chunk: Chunk) -> dict[str, np.ndarray]:
+    out = {
+        "output_ids": np.asarray(tokens, dtype=np.int32).reshape(1, -1),
+        "prefix_ids": np.asarray(before[-PREFIX_WINDOW:], dtype=np.int32).reshape(1, -1),
+        "sequence_length": np.array([[len(before) + len(tokens)]], dtype=np.int32),
+    }
+    out.update(chunk.stats.to_arrays())
+    return out
+
+
+class LoopModel:
+    def __init__(self, pb_utils: Any, args: Mapping[str, Any]):
+        self.pb = pb_utils
+        params = io.model_parameters(args)
+        self.settings = LoopSettings.model_validate_json(params[SETTINGS_PARAMETER])
+        self.loop = SpeculativeLoop(self.settings, engine_call(pb_utils))
+        self.metrics = PrometheusExporter(pb_utils, args["model_name"])
+        self.pool = ThreadPoolExecutor(max_workers=self.settings.max_concurrent_requests)
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            self.pool.submit(self.serve, request)
+        return None
+
+    def finalize(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def _response(self, tokens: list[int], before: list[int], chunk: Chunk) -> Any:
+        tensors = response_tensors(tokens, before, chunk)
+        return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in tensors.items()])
+
+    def _error(self, message: str) -> Any:
+        return self.pb.InferenceResponse(error=self.pb.TritonError(message))
+
+    def serve(self, request: Any) -> None:
+        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        sender = request.get_response_sender()
+        try:
+            req = parse_request(self.pb, request)
+            last = None
+            for chunk in self.loop.run(req):
+                last = chunk
+                if chunk.final or sender.is_cancelled():
+                    break
+                if req.stream:
+                    sender.send(self._response(chunk.new_tokens, chunk.generated_before, chunk))
+            if last is None:
+                raise EngineCallError("the loop produced no output")
+            generated = last.generated_before + last.new_tokens
+            # counters first: a client that scrapes /metrics after its final response sees them
+            self.metrics.record(last.stats, len(generated))
+            if not last.final:  # cancelled mid-way
+                sender.send(flags=final)
+            elif req.stream:
+                sender.send(self._response(last.new_tokens, last.generated_before, last), flags=final)
+            else:
+                sender.send(self._response(generated, [], last), flags=final)
+        except (RequestError, io.RequestError) as e:
+            sender.send(self._error(str(e)), flags=final)
+        except Exception as e:  # engine failure: report it, keep serving
+            sender.send(self._error(f"speculative loop: {e}"), flags=final)
+
+
+def settings_parameter(settings: LoopSettings) -> dict[str, str]:
+    return {SETTINGS_PARAMETER: settings.model_dump_json()}
+
