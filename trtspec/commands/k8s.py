@@ -74,6 +74,9 @@ class InputError(UserError):
 
     exit_code = 2
 
+    def show(self, file: object = None) -> None:  # noqa: ARG002 - click's signature
+        err_console.print(f"[bold red]error:[/] {self.message}", soft_wrap=True)
+
 
 @click.command("k8s", help=HELP, short_help="Write validated Kubernetes manifests (Deployment/LWS, Service, HPA).")
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
