@@ -186,6 +186,8 @@ def test_manifests_follow_one_change(tmp_path, changes, args, check):
         (_set("target.tp_size", 12), [], "target.tp_size x target.pp_size = 12"),
         (lambda d: None, ["--gpus", "h100x8", "--gpus-per-node", "4"], None),  # fits: 1 GPU
         (_set("draft.gpu_device_ids", [3]), [], "draft.gpu_device_ids: [3]"),  # GPUs 1-2 of the pod unused
+        # the 8B config's draft on a GPU of its own, on 1-GPU nodes
+        (_set("draft.gpu_device_ids", [1]), ["--gpus", "h100"], "draft.gpu_device_ids: [1]: the target's 1 GPU(s) + the draft's own 1"),
         (_set("triton.grpc_port", 0), [], "triton.grpc_port: 0"),
         (_set("triton.metrics_port", 9000), [], "--openai-port: port 9000 is also triton.metrics_port"),
         (_set("target.checkpoint", "/data/Llama-3.1-8B"), [], "target.checkpoint: '/data/Llama-3.1-8B' is not under --models-path"),

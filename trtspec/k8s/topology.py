@@ -86,15 +86,16 @@ def plan_topology(cfg: BuildConfig, node_gpus: list[GPU], gpus_per_node: int | N
 
 def _multi_node(cfg: BuildConfig, topo: Topology, gpn: int) -> Topology:
     world = cfg.target.world_size
-    if world % gpn:
+    if world > gpn and world % gpn:
         raise K8sError(
             f"target.tp_size x target.pp_size = {world} does not fill whole {gpn}-GPU nodes: a replica that spans "
             f"nodes takes whole nodes; use a multiple of {gpn} (e.g. {(world // gpn + 1) * gpn}) or at most {gpn}"
         )
     if topo.draft_separate:
         raise K8sError(
-            f"draft.gpu_device_ids: {topo.placement['draft']} puts the draft on GPUs beyond the target's {world}, "
-            f"which spans {world // gpn} nodes; share the target's GPUs (e.g. draft.gpu_device_ids: [0])"
+            f"draft.gpu_device_ids: {topo.placement['draft']}: the target's {world} GPU(s) + the draft's own "
+            f"{topo.gpus_per_replica - world} do not fit a {gpn}-GPU node; share the target's GPUs "
+            "(e.g. draft.gpu_device_ids: [0]) or use larger nodes (--gpus)"
         )
     topo.pods_per_replica, topo.gpus_per_pod = world // gpn, gpn
     return topo
