@@ -212,8 +212,12 @@ class _Builder:
         if opts.openai_port is not None:
             self.ports["openai"] = opts.openai_port
 
-    def meta(self, suffix: str = "", **extra: Any) -> dict[str, Any]:
-        return {"name": self.name + suffix, "labels": dict(self.labels), **extra}
+    def meta(self, suffix: str = "") -> dict[str, Any]:
+        return {"name": self.name + suffix, "labels": dict(self.labels)}
+
+    def obj(self, api_version: str, kind: str, suffix: str = "", **body: Any) -> dict[str, Any]:
+        """An object named after the deployment (+ suffix), labelled as its part."""
+        return {"apiVersion": api_version, "kind": kind, "metadata": self.meta(suffix), **body}
 
     # ------------------------------------------------------------------------------------------- config
 
@@ -222,19 +226,17 @@ class _Builder:
         if self.topo.multi_node:
             # Open MPI's rsh agent: start a rank in a worker pod (host = <pod>.<subdomain>) through the API server.
             data[RSH_AGENT] = '#!/bin/sh\nhost="$1"; shift\nexec kubectl exec "${host%%.*}" -c worker -- /bin/sh -c "$*"\n'
-        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": self.meta("-config"), "data": data}
+        return self.obj("v1", "ConfigMap", "-config", data=data)
 
     def pvc(self) -> dict[str, Any]:
-        return {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": self.meta("-models"),
-            "spec": {
+        return self.obj(
+            "v1", "PersistentVolumeClaim", "-models",
+            spec={
                 # the build Job writes it once, every replica reads it
                 "accessModes": ["ReadWriteMany"],
                 "resources": {"requests": {"storage": self.opts.pvc_size}},
             },
-        }
+        )
 
     # ------------------------------------------------------------------------------------------- pods
 
@@ -329,18 +331,16 @@ class _Builder:
     def deployment(self) -> dict[str, Any]:
         vols, mounts = self.volumes()
         spec = self.pod_spec([self.server_container(mounts)], self.init_containers(mounts), vols)
-        return {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": self.meta(),
-            "spec": {
+        return self.obj(
+            "apps/v1", "Deployment",
+            spec={
                 "replicas": self.opts.min_replicas,
                 "selector": {"matchLabels": dict(self.labels)},
                 # never two engine loads' worth of GPUs for one replica during a rollout
                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
                 "template": {"metadata": {"labels": dict(self.labels)}, "spec": spec},
             },
-        }
+        )
 
     def leaderworkerset(self) -> dict[str, Any]:
         vols, mounts = self.volumes()
@@ -372,11 +372,9 @@ class _Builder:
         labels = {"metadata": {"labels": dict(self.labels)}}
         leader_spec = {**self.pod_spec([leader], init, vols), "serviceAccountName": self.name}
         worker_spec = self.pod_spec([worker], init, vols)
-        return {
-            "apiVersion": LWS_API,
-            "kind": "LeaderWorkerSet",
-            "metadata": self.meta(),
-            "spec": {
+        return self.obj(
+            LWS_API, "LeaderWorkerSet",
+            spec={
                 "replicas": self.opts.min_replicas,
                 "startupPolicy": "LeaderCreated",
                 "leaderWorkerTemplate": {
@@ -386,29 +384,25 @@ class _Builder:
                     "workerTemplate": {**labels, "spec": worker_spec},
                 },
             },
-        }
+        )
 
     def rbac(self) -> list[dict[str, Any]]:
         """The leader starts ranks in its workers with `kubectl exec`: it may exec into pods of its namespace."""
-        ref = {"kind": "ServiceAccount", "name": self.name}
+        rbac = "rbac.authorization.k8s.io/v1"
         return [
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": self.meta()},
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "Role",
-                "metadata": self.meta(),
-                "rules": [
+            self.obj("v1", "ServiceAccount"),
+            self.obj(
+                rbac, "Role",
+                rules=[
                     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
                     {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]},
                 ],
-            },
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "RoleBinding",
-                "metadata": self.meta(),
-                "subjects": [ref],
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": self.name},
-            },
+            ),
+            self.obj(
+                rbac, "RoleBinding",
+                subjects=[{"kind": "ServiceAccount", "name": self.name}],
+                roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": self.name},
+            ),
         ]
 
     def build_job(self) -> dict[str, Any]:
@@ -426,12 +420,10 @@ class _Builder:
         spec = self.pod_spec([c], [], vols)
         del spec["terminationGracePeriodSeconds"]
         spec["restartPolicy"] = "Never"
-        return {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": self.meta("-build"),
-            "spec": {"backoffLimit": 1, "template": {"metadata": {"labels": dict(self.labels)}, "spec": spec}},
-        }
+        return self.obj(
+            "batch/v1", "Job", "-build",
+            spec={"backoffLimit": 1, "template": {"metadata": {"labels": dict(self.labels)}, "spec": spec}},
+        )
 
     # ------------------------------------------------------------------------------------------- around
 
@@ -440,11 +432,9 @@ class _Builder:
         return {**self.labels, **(LWS_LEADER_SELECTOR if self.topo.multi_node else {})}
 
     def service(self) -> dict[str, Any]:
-        return {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": self.meta(),
-            "spec": {
+        return self.obj(
+            "v1", "Service",
+            spec={
                 "type": "ClusterIP",
                 "selector": self.pod_selector(),
                 "ports": [
@@ -452,15 +442,13 @@ class _Builder:
                     for n, p in self.ports.items()
                 ],
             },
-        }
+        )
 
     def hpa(self) -> dict[str, Any]:
         kind, api = ("LeaderWorkerSet", LWS_API) if self.topo.multi_node else ("Deployment", "apps/v1")
-        return {
-            "apiVersion": "autoscaling/v2",
-            "kind": "HorizontalPodAutoscaler",
-            "metadata": self.meta(),
-            "spec": {
+        return self.obj(
+            "autoscaling/v2", "HorizontalPodAutoscaler",
+            spec={
                 "scaleTargetRef": {"apiVersion": api, "kind": kind, "name": self.name},
                 "minReplicas": self.opts.min_replicas,
                 "maxReplicas": self.opts.max_replicas,
@@ -479,18 +467,16 @@ class _Builder:
                     "scaleDown": {"stabilizationWindowSeconds": 600, "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}]},
                 },
             },
-        }
+        )
 
     def podmonitor(self) -> dict[str, Any]:
-        return {
-            "apiVersion": "monitoring.coreos.com/v1",
-            "kind": "PodMonitor",
-            "metadata": self.meta(),
-            "spec": {
+        return self.obj(
+            "monitoring.coreos.com/v1", "PodMonitor",
+            spec={
                 "selector": {"matchLabels": self.pod_selector()},
                 "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
             },
-        }
+        )
 
     def adapter_values(self) -> dict[str, Any]:
         """Helm values for prometheus-community/prometheus-adapter: Triton's queue gauge as a per-pod metric."""
