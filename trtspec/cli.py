@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from trtspec import __version__
-from trtspec.commands import bench, build, demo, doctor, infer, profile, serve
+from trtspec.commands import bench, build, demo, doctor, infer, k8s, profile, serve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -20,13 +20,14 @@ def cli() -> None:
       trtspec serve OUTPUT/model_repository
       trtspec infer "prompt" --stream
       trtspec bench --concurrency 1,4 --draft-tokens 0,2,4
+      trtspec k8s CONFIG -o k8s/     Kubernetes manifests, autoscaled
 
     `trtspec demo` runs all of it on the shipped demo pair on CPU.
     Example configs: build_configs/ (demo.yaml, Llama on H100 / H200 FP8).
     """
 
 
-for _module in (build, doctor, serve, infer, bench, profile, demo):
+for _module in (build, doctor, serve, infer, bench, profile, demo, k8s):
     cli.add_command(_module.command)
 
 
