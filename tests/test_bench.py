@@ -174,16 +174,16 @@ def test_metrics_url_defaults():
 def test_parse_prometheus_text():
     text = """# HELP spec_decode_num_requests Requests
 # TYPE spec_decode_num_requests counter
-spec_decode_num_requests{model="speculative"} 12
-spec_decode_num_requests{model="baseline_loop"} 3
-spec_decode_num_accepted_tokens_per_pos{model="speculative",position="1"} 7
+spec_decode_num_requests{model="ensemble"} 12
+spec_decode_num_requests{model="baseline"} 3
+spec_decode_num_accepted_tokens_per_pos{model="ensemble",position="1"} 7
 nv_inference_count{model="x",version="1"} 4 1700000000
 weird{label="a \\"quoted\\" value"} 1.5e3
 """
     s = parse_prometheus(text)
-    assert value(s, "spec_decode_num_requests", model="speculative") == 12
+    assert value(s, "spec_decode_num_requests", model="ensemble") == 12
     assert value(s, "spec_decode_num_requests") == 15
-    assert value(s, "spec_decode_num_accepted_tokens_per_pos", model="speculative", position="1") == 7
+    assert value(s, "spec_decode_num_accepted_tokens_per_pos", model="ensemble", position="1") == 7
     assert value(s, "nv_inference_count") == 4
     assert s[("weird", (("label", 'a "quoted" value'),))] == 1500.0
 
@@ -202,41 +202,41 @@ def test_cross_check_compares_deltas_with_response_sums(monkeypatch):
     reqs = [_record(ENSEMBLE, 2, [3, 3, 2], spec_stats), _record(BASELINE, 0, [1] * 8, base_stats),
             _record(ENSEMBLE, 2, [], {}, error="boom")]  # a failed request is counted by neither side
     exp = expected_counts(reqs)
-    assert exp["speculative"]["requests"] == 1 and exp["speculative"]["output_tokens"] == 8
-    assert exp["baseline_loop"]["num_iterations"] == 8
+    assert exp["ensemble"]["requests"] == 1 and exp["ensemble"]["output_tokens"] == 8
+    assert exp["baseline"]["num_iterations"] == 8
 
     def page(spec_req, spec_acc):
         return parse_prometheus(f"""
-spec_decode_num_requests{{model="speculative"}} {spec_req}
-spec_decode_num_draft_tokens{{model="speculative"}} {10 + 6}
-spec_decode_num_accepted_tokens{{model="speculative"}} {spec_acc}
-spec_decode_num_drafts{{model="speculative"}} 13
-spec_decode_num_iterations{{model="speculative"}} 14
-spec_decode_num_emitted_tokens{{model="speculative"}} 18
-spec_decode_num_fallbacks{{model="speculative"}} 0
-spec_decode_num_accepted_tokens_per_pos{{model="speculative",position="0"}} 13
-spec_decode_num_accepted_tokens_per_pos{{model="speculative",position="1"}} 1
-spec_decode_num_draft_tokens_per_pos{{model="speculative",position="0"}} 13
-spec_decode_num_draft_tokens_per_pos{{model="speculative",position="1"}} 3
-spec_decode_num_requests{{model="baseline_loop"}} 1
-spec_decode_num_draft_tokens{{model="baseline_loop"}} 0
-spec_decode_num_accepted_tokens{{model="baseline_loop"}} 0
-spec_decode_num_drafts{{model="baseline_loop"}} 0
-spec_decode_num_iterations{{model="baseline_loop"}} 8
-spec_decode_num_emitted_tokens{{model="baseline_loop"}} 8
-spec_decode_num_fallbacks{{model="baseline_loop"}} 0
+spec_decode_num_requests{{model="ensemble"}} {spec_req}
+spec_decode_num_draft_tokens{{model="ensemble"}} {10 + 6}
+spec_decode_num_accepted_tokens{{model="ensemble"}} {spec_acc}
+spec_decode_num_drafts{{model="ensemble"}} 13
+spec_decode_num_iterations{{model="ensemble"}} 14
+spec_decode_num_emitted_tokens{{model="ensemble"}} 18
+spec_decode_num_fallbacks{{model="ensemble"}} 0
+spec_decode_num_accepted_tokens_per_pos{{model="ensemble",position="0"}} 13
+spec_decode_num_accepted_tokens_per_pos{{model="ensemble",position="1"}} 1
+spec_decode_num_draft_tokens_per_pos{{model="ensemble",position="0"}} 13
+spec_decode_num_draft_tokens_per_pos{{model="ensemble",position="1"}} 3
+spec_decode_num_requests{{model="baseline"}} 1
+spec_decode_num_draft_tokens{{model="baseline"}} 0
+spec_decode_num_accepted_tokens{{model="baseline"}} 0
+spec_decode_num_drafts{{model="baseline"}} 0
+spec_decode_num_iterations{{model="baseline"}} 8
+spec_decode_num_emitted_tokens{{model="baseline"}} 8
+spec_decode_num_fallbacks{{model="baseline"}} 0
 """)
 
     before = parse_prometheus("""
-spec_decode_num_requests{model="speculative"} 4
-spec_decode_num_draft_tokens{model="speculative"} 10
-spec_decode_num_accepted_tokens{model="speculative"} 5
-spec_decode_num_drafts{model="speculative"} 10
-spec_decode_num_iterations{model="speculative"} 10
-spec_decode_num_emitted_tokens{model="speculative"} 10
-spec_decode_num_fallbacks{model="speculative"} 0
-spec_decode_num_accepted_tokens_per_pos{model="speculative",position="0"} 10
-spec_decode_num_draft_tokens_per_pos{model="speculative",position="0"} 10
+spec_decode_num_requests{model="ensemble"} 4
+spec_decode_num_draft_tokens{model="ensemble"} 10
+spec_decode_num_accepted_tokens{model="ensemble"} 5
+spec_decode_num_drafts{model="ensemble"} 10
+spec_decode_num_iterations{model="ensemble"} 10
+spec_decode_num_emitted_tokens{model="ensemble"} 10
+spec_decode_num_fallbacks{model="ensemble"} 0
+spec_decode_num_accepted_tokens_per_pos{model="ensemble",position="0"} 10
+spec_decode_num_draft_tokens_per_pos{model="ensemble",position="0"} 10
 """)
     # the loop increments its counters one after the other after the final response: a scrape may see the
     # request counted but not yet its tokens; the check reads again until everything matches
@@ -245,16 +245,16 @@ spec_decode_num_draft_tokens_per_pos{model="speculative",position="0"} 10
     check = CrossCheck("http://x/metrics", before=before)
     res = check.finish(reqs, sleep=lambda s: None)
     assert res["status"] == "ok", res
-    assert res["models"]["speculative"]["spec_decode_num_accepted_tokens"] == {
+    assert res["models"]["ensemble"]["spec_decode_num_accepted_tokens"] == {
         "expected": 4, "observed": 4, "ok": True, "primary": True}
-    assert res["models"]["speculative"]["spec_decode_num_accepted_tokens_per_pos"]["observed"] == [3, 1]
+    assert res["models"]["ensemble"]["spec_decode_num_accepted_tokens_per_pos"]["observed"] == [3, 1]
 
     # one accepted token too many on the server side: a mismatch, reported as such
     monkeypatch.setattr("trtspec.bench.metrics.scrape", lambda url, timeout=5.0: page(5, 10))
     check = CrossCheck("http://x/metrics", before=before)
     res = check.finish(reqs, settle_s=0.5, sleep=lambda s: None)
     assert res["status"] == "mismatch"
-    assert not res["models"]["speculative"]["spec_decode_num_accepted_tokens"]["ok"]
+    assert not res["models"]["ensemble"]["spec_decode_num_accepted_tokens"]["ok"]
 
 
 def test_cross_check_unavailable():
@@ -445,8 +445,8 @@ def test_sweep_results_json(sweep):
     check = res["metrics_check"]
     assert set(check) == CHECK_FIELDS
     assert check["status"] == "ok", check
-    assert check["models"]["speculative"]["spec_decode_num_requests"]["observed"] == 4 * 3
-    assert check["models"]["baseline_loop"]["spec_decode_num_requests"]["observed"] == 2 * 3
+    assert check["models"]["ensemble"]["spec_decode_num_requests"]["observed"] == 4 * 3
+    assert check["models"]["baseline"]["spec_decode_num_requests"]["observed"] == 2 * 3
 
     # the other files, and the terminal
     assert set(res["files"]) >= {"json", "csv", "requests_csv", "plot_speedup", "plot_acceptance", "plot_latency"}
@@ -496,12 +496,11 @@ def test_prometheus_counters_match_the_responses(server, sweep):
     ep = server.endpoints
     before = _scrape(ep.metrics)
     sent = [("ensemble", 2), ("ensemble", 1), ("baseline", None), ("ensemble", 0)]
-    finals = {"speculative": [], "baseline_loop": []}
+    finals = {"ensemble": [], "baseline": []}
     for protocol, (model, k) in zip(("http", "grpc", "http", "grpc"), sent):
         address = ep.http_address if protocol == "http" else ep.grpc_address
         chunks = list(Client(address, protocol, model).stream(chat("Name three colours."), 6, num_draft_tokens=k))
-        loop = "speculative" if model == "ensemble" else "baseline_loop"
-        finals[loop].append((chunks[-1].stats, sum(len(c.token_ids) for c in chunks)))
+        finals[model].append((chunks[-1].stats, sum(len(c.token_ids) for c in chunks)))
     expected = {
         loop: {
             "spec_decode_num_requests": len(rs),
@@ -513,7 +512,7 @@ def test_prometheus_counters_match_the_responses(server, sweep):
         }
         for loop, rs in finals.items()
     }
-    assert expected["speculative"]["spec_decode_num_draft_tokens"] > 0
+    assert expected["ensemble"]["spec_decode_num_draft_tokens"] > 0
     deadline = time.monotonic() + 15  # the loop counts a request just after its final response
     while True:
         after = _scrape(ep.metrics)

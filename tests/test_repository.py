@@ -100,8 +100,11 @@ def test_tensorrt_llm_flavour_parameters(repos, tmp_path):
     assert loop.speculative.max_draft_len == 6 and loop.speculative.num_draft_tokens == 2
     assert loop.draft_model == "tensorrt_llm_draft" and not loop.draft_disabled
     assert _loop_settings(trt["baseline_loop"]).draft_disabled
-    assert [s.model_name for s in trt["baseline"].ensemble_scheduling.step] == [
-        "preprocessing", "baseline_loop", "postprocessing"]
+    # the text endpoints run the same loop in-process, with the target's tokenizer
+    assert _loop_settings(trt["ensemble"]) == loop and _loop_settings(trt["baseline"]).draft_disabled
+    for name in ("ensemble", "baseline"):
+        assert trt[name].model_transaction_policy.decoupled and trt[name].backend == "python"
+        assert trt[name].parameters["tokenizer_dir"].string_value == trt["preprocessing"].parameters["tokenizer_dir"].string_value
 
 
 def test_legacy_tensor_names_before_0_20(tmp_path, tiny_target, tiny_draft):
@@ -135,9 +138,8 @@ def test_loop_and_ensemble_interfaces_come_from_the_contract(repos):
     stats = {s.name for s in RESPONSE_STATS}
     for name in ("ensemble", "baseline", "speculative", "baseline_loop"):
         assert stats <= {t.name for t in models[name].output}
-    step = next(st for st in models["ensemble"].ensemble_scheduling.step if st.model_name == "speculative")
-    assert set(step.input_map) == loop_in  # every loop input is fed
-    assert {v for k, v in step.input_map.items() if not v.startswith("_")} <= ens_in
+    assert _io(models["baseline"]) == _io(models["ensemble"])
+    assert {t.name for t in models["ensemble"].output} == stats | {"text_output", "output_ids", "sequence_length"}
 
 
 def _loop_settings(config):

@@ -207,7 +207,7 @@ def _post(server, body):
     "body,expect",
     [
         ({"text_input": "", "max_tokens": 8}, "text_input is empty"),
-        ({"text_input": "hello", "max_tokens": 0}, "max_tokens must be > 0"),
+        ({"text_input": "hello", "max_tokens": 0}, "max_tokens must be >= 1"),
         ({"text_input": "hello", "max_tokens": 8, "num_draft_tokens": 9}, "larger than max_draft_len 8"),
         ({"text_input": "word " * 300, "max_tokens": 8}, "exceeds max_input_len"),
         ({"text_input": "hello", "max_tokens": "eight"}, "Unable to parse"),  # wrong dtype: Triton rejects it first
@@ -244,7 +244,7 @@ def test_wrong_dtype_over_grpc_is_rejected(server):
     assert _ready(server)
 
 
-def _metric(server, name, model="speculative"):
+def _metric(server, name, model="ensemble"):
     with urllib.request.urlopen(server.endpoints.metrics, timeout=10) as r:
         text = r.read().decode()
     for line in text.splitlines():

@@ -132,16 +132,9 @@ class Client:
 
     def _grpc(self, fields: dict[str, Any]) -> Iterator[Chunk]:
         import tritonclient.grpc as grpcclient
-        from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+        from tritonclient.utils import InferenceServerException
 
-        inputs = []
-        for name, value in fields.items():
-            arr = np.array([value if isinstance(value, list) else [value]], dtype=field_by_name(name).numpy)
-            if arr.dtype == np.object_:
-                arr = np.vectorize(lambda s: s.encode("utf-8"), otypes=[np.object_])(arr)
-            t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
-            t.set_data_from_numpy(arr)
-            inputs.append(t)
+        inputs = grpc_inputs(fields)
         results: "queue.Queue[Any]" = queue.Queue()
         client = grpcclient.InferenceServerClient(self.url)
         try:
@@ -170,6 +163,22 @@ class Client:
         finally:
             client.stop_stream(cancel_requests=True)
             client.close()
+
+
+def grpc_inputs(fields: dict[str, Any]) -> list[Any]:
+    """Request fields (trtspec.contract names) as gRPC inputs; str is sent as UTF-8, bytes as they are."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    inputs = []
+    for name, value in fields.items():
+        arr = np.array([value if isinstance(value, list) else [value]], dtype=field_by_name(name).numpy)
+        if arr.dtype == np.object_:
+            arr = np.vectorize(lambda s: s.encode("utf-8") if isinstance(s, str) else s, otypes=[np.object_])(arr)
+        t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+    return inputs
 
 
 def _chunk(body: dict[str, Any]) -> Chunk:

@@ -20,6 +20,8 @@ from trtspec.drafters import SOURCES
 
 REQUESTS_COUNTER = "spec_decode_num_requests"
 EMITTED_COUNTER = "spec_decode_num_emitted_tokens"
+CANCELLED_COUNTER = "spec_decode_num_cancelled_requests"
+AFTER_CANCEL_COUNTER = "spec_decode_num_tokens_after_cancel"
 
 
 @dataclass
@@ -127,10 +129,17 @@ class PrometheusExporter:
         self._families: dict[str, Any] = {}  # kept alive: Triton drops a family's metrics once it is collected
         self._metrics: dict[tuple, Any] = {}
         kind = pb_utils.MetricFamily.COUNTER
-        docs = {REQUESTS_COUNTER: "Requests finished by the speculative loop", EMITTED_COUNTER: "Tokens returned to clients"}
+        docs = {
+            REQUESTS_COUNTER: "Requests finished by the speculative loop",
+            EMITTED_COUNTER: "Tokens returned to clients",
+            CANCELLED_COUNTER: "Requests stopped because their client cancelled or went away",
+            AFTER_CANCEL_COUNTER: "Tokens generated for a request after its client cancelled (never sent)",
+        }
         docs |= {s.counter: s.doc.capitalize() for s in RESPONSE_STATS if s.counter}
         for name, doc in docs.items():
             self._families[name] = pb_utils.MetricFamily(name=name, description=doc, kind=kind)
+        for name in (CANCELLED_COUNTER, AFTER_CANCEL_COUNTER):  # on /metrics from the start, at 0
+            self._metric(name)
 
     def _metric(self, family: str, **extra: str) -> Any:
         key = (family, tuple(sorted(extra.items())))
@@ -138,6 +147,11 @@ class PrometheusExporter:
             if key not in self._metrics:
                 self._metrics[key] = self._families[family].Metric(dict(self._labels, **extra))
             return self._metrics[key]
+
+    def record_cancelled(self, tokens_after_cancel: int) -> None:
+        """A request whose client cancelled; `tokens_after_cancel` were generated for it and never sent."""
+        self._metric(CANCELLED_COUNTER).increment(1)
+        self._metric(AFTER_CANCEL_COUNTER).increment(tokens_after_cancel)
 
     def record(self, stats: SpecStats, emitted: int) -> None:
         self._metric(REQUESTS_COUNTER).increment(1)

@@ -8,8 +8,9 @@ substitution, so no `${...}` can stay unfilled. The engine flavours differ only 
 Repository (reference or tensorrt_llm flavour):
   preprocessing, postprocessing      target tokenizer
   tensorrt_llm, tensorrt_llm_draft   target and draft engines
-  speculative, ensemble              the speculative loop and text-in/text-out endpoint
-  baseline_loop, baseline            the same, target-only (the A/B baseline)
+  speculative, baseline_loop         the speculative loop (token ids in and out), and target-only
+  ensemble, baseline                 the text endpoints: tokenizer + the same loop + detokenizer in one
+                                     decoupled model (so a client's cancellation reaches the loop)
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ TEMPLATES = Path(__file__).resolve().parent / "model_repository"
 
 TARGET, DRAFT = "tensorrt_llm", "tensorrt_llm_draft"
 LOOP, BASELINE_LOOP = "speculative", "baseline_loop"
-ENSEMBLE, BASELINE = "ensemble", "baseline"
+ENSEMBLE, BASELINE = "ensemble", "baseline"  # the text endpoints (model_repository/text)
+TEXT = "text"
 
 
 class RepositoryError(Exception):
@@ -83,26 +85,14 @@ def loop_io(config: mc.ModelConfig) -> None:
     _stat_outputs(config)
 
 
-def ensemble_io(config: mc.ModelConfig, loop_name: str) -> None:
-    """The text endpoint's declared tensors and its loop step's maps, from trtspec.contract."""
+def ensemble_io(config: mc.ModelConfig) -> None:
+    """The text endpoint's declared tensors (the interface of NVIDIA's ensemble), from trtspec.contract."""
     for f in REQUEST_FIELDS:
         _add_tensor(config.input, f.name, f.dtype, f.dims, optional=not f.required)
     _add_tensor(config.output, "text_output", "STRING", (1,))
     _add_tensor(config.output, "output_ids", "INT32", (-1,))
     _add_tensor(config.output, "sequence_length", "INT32", (1,))
     _stat_outputs(config)
-    step = next(st for st in config.ensemble_scheduling.step if st.model_name == LOOP)
-    step.model_name = loop_name
-    for name, *_ in LOOP_TOKEN_INPUTS:
-        step.input_map[name] = f"_{name}"
-    for f in REQUEST_FIELDS:
-        if f.loop_input is not None:
-            step.input_map[f.loop_input] = f.name
-    step.output_map["output_ids"] = "output_ids"
-    step.output_map["prefix_ids"] = "_prefix_ids"
-    step.output_map["sequence_length"] = "sequence_length"
-    for s in RESPONSE_STATS:
-        step.output_map[s.name] = s.name
 
 
 def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_input_names: dict[str, str]) -> LoopSettings:
@@ -260,11 +250,14 @@ def _write_models(
         _set_params(c, **settings_parameter(loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases)))
         w.write(c, TEMPLATES / LOOP / "1" / "model.py")
 
-    for ens_name, loop_name in ((ENSEMBLE, LOOP), (BASELINE, BASELINE_LOOP)):
-        c = w.batch(load_template(ENSEMBLE))
-        c.name = ens_name
-        ensemble_io(c, loop_name)
-        w.write(c)
+    for name, baseline in ((ENSEMBLE, False), (BASELINE, True)):
+        c = w.batch(load_template(TEXT))
+        c.name = name
+        c.instance_group[0].count = cfg.triton.speculative_instance_count if not baseline else 1
+        ensemble_io(c)
+        settings = loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases)
+        _set_params(c, tokenizer_dir=tokenizer_dir, **settings_parameter(settings))
+        w.write(c, TEMPLATES / TEXT / "1" / "model.py")
 
 
 def list_models(repo: Path) -> dict[str, mc.ModelConfig]:

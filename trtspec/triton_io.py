@@ -10,9 +10,7 @@ from typing import Any
 
 import numpy as np
 
-
-class RequestError(ValueError):
-    """A bad request: reported to the client as an error response, the model stays up."""
+from trtspec.contract import RequestError  # noqa: F401  (re-exported: the models catch io.RequestError)
 
 
 def tensor(pb_utils: Any, request: Any, name: str) -> np.ndarray | None:
@@ -27,8 +25,24 @@ def scalar(pb_utils: Any, request: Any, name: str, default: Any = None) -> Any:
         return default
     v = a.reshape(-1)[0]
     if isinstance(v, bytes):
-        return v.decode("utf-8", errors="replace")
+        return utf8(v, name)
     return v.item() if hasattr(v, "item") else v
+
+
+def utf8(value: bytes, name: str) -> str:
+    """Strict: text that is not valid UTF-8 is refused, never silently replaced."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(f"{name} is not valid UTF-8 ({e.reason} at byte {e.start}); send UTF-8 text") from None
+
+
+def strings(pb_utils: Any, request: Any, name: str) -> list[str]:
+    """A STRING input of any shape as a list of str (strict UTF-8); [] when absent."""
+    a = tensor(pb_utils, request, name)
+    if a is None:
+        return []
+    return [utf8(v, name) if isinstance(v, bytes) else str(v) for v in a.reshape(-1)]
 
 
 def ids(pb_utils: Any, request: Any, name: str) -> list[int] | None:

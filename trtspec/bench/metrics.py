@@ -1,8 +1,7 @@
 """Cross-check of the bench's own counts against the speculative loop's Prometheus counters.
 
-The loop models (``speculative`` behind the ``ensemble`` endpoint, ``baseline_loop`` behind ``baseline``)
-count every request they finish in ``spec_decode_*`` counters on Triton's metrics port, labelled
-``model="<loop model>"``. The bench scrapes ``/metrics`` (a plain HTTP GET, Prometheus text format) before
+The text endpoints (``ensemble``, ``baseline``) run the loop in-process and count every request they finish
+in ``spec_decode_*`` counters on Triton's metrics port, labelled ``model="<endpoint>"``. The bench scrapes ``/metrics`` (a plain HTTP GET, Prometheus text format) before
 and after the run and compares the deltas with the sums of the final per-response statistics of the
 requests it sent (warm-ups included on both sides; requests that failed are counted by neither).
 """
@@ -19,8 +18,8 @@ from typing import Any, Callable, Iterable, Mapping
 from trtspec.contract import RESPONSE_STATS
 from trtspec.metrics import EMITTED_COUNTER, REQUESTS_COUNTER, SpecStats
 
-# endpoint -> the loop model that counts its requests (trtspec.repository.LOOP / BASELINE_LOOP)
-LOOP_MODEL = {"ensemble": "speculative", "baseline": "baseline_loop"}
+# endpoint -> the model that counts its requests: the text endpoints run the loop in-process and count their own
+LOOP_MODEL = {"ensemble": "ensemble", "baseline": "baseline"}
 
 # counter -> the per-request quantity it must equal the sum of (a statistic of trtspec.contract, or these two)
 COUNTERS = {REQUESTS_COUNTER: "requests", EMITTED_COUNTER: "output_tokens"} | {

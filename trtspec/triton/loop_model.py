@@ -79,7 +79,8 @@ class LoopModel:
         params = io.model_parameters(args)
         self.settings = LoopSettings.model_validate_json(params[SETTINGS_PARAMETER])
         self.loop = SpeculativeLoop(self.settings, engine_call(pb_utils))
-        self.metrics = PrometheusExporter(pb_utils, args["model_name"])
+        self.name = args["model_name"]
+        self.metrics = PrometheusExporter(pb_utils, self.name)
         self.pool = ThreadPoolExecutor(max_workers=self.settings.max_concurrent_requests)
 
     def execute(self, requests: list[Any]) -> None:
@@ -90,8 +91,14 @@ class LoopModel:
     def finalize(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
+    def parse(self, request: Any) -> LoopRequest:
+        return parse_request(self.pb, request)
+
+    def response_tensors(self, tokens: list[int], before: list[int], chunk: Chunk) -> dict[str, np.ndarray]:
+        return response_tensors(tokens, before, chunk)
+
     def _response(self, tokens: list[int], before: list[int], chunk: Chunk) -> Any:
-        tensors = response_tensors(tokens, before, chunk)
+        tensors = self.response_tensors(tokens, before, chunk)
         return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in tensors.items()])
 
     def _error(self, message: str) -> Any:
@@ -101,11 +108,13 @@ class LoopModel:
         final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         sender = request.get_response_sender()
         try:
-            req = parse_request(self.pb, request)
-            last = None
+            req = self.parse(request)
+            last, cancelled = None, False
             for chunk in self.loop.run(req):
                 last = chunk
-                if chunk.final or sender.is_cancelled():
+                # checked every iteration: a client that cancels or goes away stops the loop within one target call
+                cancelled = not chunk.final and sender.is_cancelled()
+                if chunk.final or cancelled:
                     break
                 if req.stream:
                     sender.send(self._response(chunk.new_tokens, chunk.generated_before, chunk))
@@ -113,17 +122,20 @@ class LoopModel:
                 raise EngineCallError("the loop produced no output")
             generated = last.generated_before + last.new_tokens
             # counters first: a client that scrapes /metrics after its final response sees them
-            self.metrics.record(last.stats, len(generated))
-            if not last.final:  # cancelled mid-way
+            if cancelled:
+                self.metrics.record(last.stats, len(last.generated_before) if req.stream else 0)
+                self.metrics.record_cancelled(len(last.new_tokens))
                 sender.send(flags=final)
             elif req.stream:
+                self.metrics.record(last.stats, len(generated))
                 sender.send(self._response(last.new_tokens, last.generated_before, last), flags=final)
             else:
+                self.metrics.record(last.stats, len(generated))
                 sender.send(self._response(generated, [], last), flags=final)
-        except (RequestError, io.RequestError) as e:
+        except RequestError as e:
             sender.send(self._error(str(e)), flags=final)
         except Exception as e:  # engine failure: report it, keep serving
-            sender.send(self._error(f"speculative loop: {e}"), flags=final)
+            sender.send(self._error(f"{self.name}: {e}"), flags=final)
 
 
 def settings_parameter(settings: LoopSettings) -> dict[str, str]:

@@ -1,0 +1,224 @@
+"""Serving that holds up, through a real Triton server (the demo pair on the reference engine).
+
+A client that goes away — an HTTP SSE connection closed, an explicit gRPC cancel, a gRPC client killed — stops
+its generation on the text endpoints within 2 s (read from the endpoint's own Prometheus counters); bad values
+are refused at the edge with a named error and the server stays ready.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import queue
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from trtspec.client import Client, grpc_inputs
+from trtspec.config import parse_config
+from trtspec.metrics import AFTER_CANCEL_COUNTER, CANCELLED_COUNTER, EMITTED_COUNTER
+from trtspec.repository import generate_repository
+
+pytestmark = pytest.mark.slow
+
+ENDPOINTS = ("ensemble", "baseline")
+LONG = 256  # ~15 s of generation on the CPU: a loop that does not stop is plain to see
+STOP_WITHIN_S = 2.0
+PROMPT = "<|im_start|>user\nTell me a long story about a dragon.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def demo_config():
+    return parse_config(
+        {
+            "name": "reliability",
+            "engine": "reference",
+            "device": "cpu",
+            "target": {"checkpoint": "demo:target", "dtype": "float32"},
+            "draft": {"checkpoint": "demo:draft", "dtype": "float32"},
+            "speculative": {"max_draft_len": 8, "num_draft_tokens": 3},
+            "limits": {"max_batch_size": 8, "max_input_len": 512, "max_seq_len": 512},
+            "triton": {"speculative_instance_count": 1},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from trtspec.server import ServerOptions, create_server
+
+    repo = generate_repository(demo_config(), tmp_path_factory.mktemp("repo") / "model_repository")
+    opts = ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto")
+    with create_server(opts) as s:
+        s.wait_ready(300)
+        yield s
+
+
+def _metric(server, name, model):
+    with urllib.request.urlopen(server.endpoints.metrics, timeout=10) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _ready(server) -> bool:
+    with urllib.request.urlopen(f"http://{server.endpoints.http_address}/v2/health/ready", timeout=5) as r:
+        return r.status == 200
+
+
+def _wait_for_cancel(server, model, before, t0):
+    """Seconds from t0 until the endpoint counts the request as cancelled; fails after STOP_WITHIN_S."""
+    while time.monotonic() - t0 < STOP_WITHIN_S + 5:
+        if _metric(server, CANCELLED_COUNTER, model) > before:
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    pytest.fail(f"{model}: the request was not cancelled within {STOP_WITHIN_S + 5} s of the client leaving")
+
+
+def _check_stopped(server, model, cancel, emitted_before, t0):
+    elapsed = _wait_for_cancel(server, model, cancel, t0)
+    assert elapsed < STOP_WITHIN_S, f"{model}: stopped {elapsed:.2f} s after the client left"
+    emitted = _metric(server, EMITTED_COUNTER, model) - emitted_before
+    assert 0 < emitted < LONG / 2  # it stopped early, and it counted what the client got
+    return elapsed
+
+
+@pytest.mark.parametrize("model", ENDPOINTS)
+def test_sse_disconnect_stops_generation(server, model):
+    cancel, emitted = _metric(server, CANCELLED_COUNTER, model), _metric(server, EMITTED_COUNTER, model)
+    host, port = server.endpoints.http_address.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = {"text_input": PROMPT, "max_tokens": LONG, "stream": True}
+    conn.request("POST", f"/v2/models/{model}/generate_stream", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    chunks = 0
+    while chunks < 2:
+        line = resp.fp.readline()
+        assert line, "the stream ended early"
+        chunks += line.startswith(b"data:")
+    conn.sock.shutdown(2)
+    conn.close()
+    _check_stopped(server, model, cancel, emitted, time.monotonic())
+    assert _ready(server)
+
+
+@pytest.mark.parametrize("model", ENDPOINTS)
+def test_grpc_cancel_stops_generation(server, model):
+    import tritonclient.grpc as grpcclient
+
+    cancel, emitted = _metric(server, CANCELLED_COUNTER, model), _metric(server, EMITTED_COUNTER, model)
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.endpoints.grpc_address)
+    client.start_stream(callback=lambda result, error: got.put(error or result))
+    client.async_stream_infer(model, grpc_inputs({"text_input": PROMPT, "max_tokens": LONG, "stream": True}))
+    for _ in range(2):
+        r = got.get(timeout=60)
+        assert not isinstance(r, Exception), r
+    t0 = time.monotonic()
+    client.stop_stream(cancel_requests=True)
+    _check_stopped(server, model, cancel, emitted, t0)
+    client.close()
+    assert _ready(server)
+
+
+_KILLED_CLIENT = textwrap.dedent(
+    """
+    import queue, sys, time
+    import tritonclient.grpc as grpcclient
+    from trtspec.client import Client, grpc_inputs
+    url, model, prompt, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    got = queue.Queue()
+    c = grpcclient.InferenceServerClient(url)
+    c.start_stream(callback=lambda result, error: got.put(error or result))
+    c.async_stream_infer(model, grpc_inputs({"text_input": prompt, "max_tokens": n, "stream": True}))
+    got.get(timeout=60); got.get(timeout=60)
+    print("streaming", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("model", ENDPOINTS)
+def test_killed_grpc_client_stops_generation(server, model):
+    cancel, emitted = _metric(server, CANCELLED_COUNTER, model), _metric(server, EMITTED_COUNTER, model)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_CLIENT, server.endpoints.grpc_address, model, PROMPT, str(LONG)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "streaming"
+    finally:
+        proc.kill()
+        proc.wait()
+    _check_stopped(server, model, cancel, emitted, time.monotonic())
+    assert _metric(server, AFTER_CANCEL_COUNTER, model) >= 0
+    assert _ready(server)
+
+
+# ------------------------------------------------------------------ bad values at the edge
+
+BAD_HTTP = [
+    ({"temperature": -0.5}, "temperature must be a finite number >= 0"),
+    ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+    ({"top_p": 1.5}, "top_p must be in (0, 1]"),
+    ({"top_k": -1}, "top_k must be >= 0"),
+    ({"max_tokens": 0}, "max_tokens must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("model", ENDPOINTS)
+@pytest.mark.parametrize("extra,expect", BAD_HTTP)
+def test_bad_value_over_http_gets_named_error(server, model, extra, expect):
+    body = {"text_input": "Hello", "max_tokens": 4} | extra
+    req = urllib.request.Request(
+        f"http://{server.endpoints.http_address}/v2/models/{model}/generate",
+        data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=60)
+    assert expect in json.loads(info.value.read())["error"]
+    assert _ready(server)
+
+
+def _grpc_error(server, model, fields):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    c = grpcclient.InferenceServerClient(server.endpoints.grpc_address)
+    got: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put(error or result))
+    try:
+        c.async_stream_infer(model, grpc_inputs(fields))
+        r = got.get(timeout=60)
+    finally:
+        c.stop_stream()
+        c.close()
+    assert isinstance(r, InferenceServerException), f"{fields} was accepted"
+    return r.message()
+
+
+@pytest.mark.parametrize("model", ENDPOINTS)
+@pytest.mark.parametrize(
+    "extra,expect",
+    [
+        ({"temperature": math.nan}, "temperature must be a finite number"),
+        ({"temperature": math.inf}, "temperature must be a finite number"),
+        ({"top_p": math.nan}, "top_p must be in (0, 1]"),
+        ({"text_input": b"caf\xe9 au lait"}, "text_input is not valid UTF-8"),
+        ({"stop_words": [b"\xff\xfe"]}, "stop_words is not valid UTF-8"),
+        ({"draft_source": b"\xc3"}, "draft_source is not valid UTF-8"),
+    ],
+)
+def test_bad_value_over_grpc_gets_named_error(server, model, extra, expect):
+    message = _grpc_error(server, model, {"text_input": "Hello", "max_tokens": 4, "stream": True} | extra)
+    assert expect in message
+    assert _ready(server)
+    assert len(Client(server.endpoints.grpc_address, "grpc", model).generate("Hello", 4).token_ids) == 4

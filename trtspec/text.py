@@ -1,0 +1,46 @@
+"""Text to token ids and back with the target's tokenizer: what the `preprocessing` model and the text
+endpoints (`ensemble`, `baseline`) do with a request's strings, in one place.
+
+Bad input is refused with a RequestError naming the field (never silently altered): an empty prompt, a stop
+or bad word that tokenizes to no tokens (it could never match).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from trtspec.contract import RequestError
+from trtspec.detokenize import chunk_text
+
+
+class TextCodec:
+    def __init__(self, tokenizer_dir: str | Path, *, add_special_tokens: bool = False, skip_special_tokens: bool = True):
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        self.add_special_tokens = add_special_tokens
+        self.skip_special_tokens = skip_special_tokens
+        self.end_id: int | None = self.tokenizer.eos_token_id
+        self.pad_id: int | None = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.end_id
+
+    def encode_prompt(self, text: str | None, field: str = "text_input") -> list[int]:
+        if not text or not text.strip():
+            raise RequestError(f"{field} is empty")
+        return self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+
+    def encode_words(self, words: Iterable[str], field: str) -> list[list[int]]:
+        """Stop or bad words to token sequences. Empty strings are skipped (NVIDIA's clients send "")."""
+        out = []
+        for w in words:
+            if not w:
+                continue
+            ids = self.tokenizer.encode(w, add_special_tokens=False)
+            if not ids:
+                raise RequestError(f"{field}: {w!r} tokenizes to no tokens, so it could never match; remove it")
+            out.append(ids)
+        return out
+
+    def decode_chunk(self, prefix: Sequence[int], new: Sequence[int]) -> str:
+        """The text `new` adds after `prefix` (trtspec.detokenize.chunk_text)."""
+        return chunk_text(self.tokenizer, prefix, new, self.skip_special_tokens)
