@@ -43,7 +43,7 @@ def demo_config():
             "target": {"checkpoint": "demo:target", "dtype": "float32"},
             "draft": {"checkpoint": "demo:draft", "dtype": "float32"},
             "speculative": {"max_draft_len": 8, "num_draft_tokens": 3},
-            "limits": {"max_batch_size": 8, "max_input_len": 512, "max_seq_len": 512},
+            "limits": {"max_batch_size": 8, "max_input_len": 512, "max_seq_len": 640},
             "triton": {"speculative_instance_count": 1},
         }
     )
@@ -85,6 +85,7 @@ def _wait_for_cancel(server, model, before, t0):
 
 def _check_stopped(server, model, cancel, emitted_before, t0):
     elapsed = _wait_for_cancel(server, model, cancel, t0)
+    print(f"{model}: stopped {elapsed:.2f} s after the client left")
     assert elapsed < STOP_WITHIN_S, f"{model}: stopped {elapsed:.2f} s after the client left"
     emitted = _metric(server, EMITTED_COUNTER, model) - emitted_before
     assert 0 < emitted < LONG / 2  # it stopped early, and it counted what the client got

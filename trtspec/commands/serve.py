@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from trtspec.server import (
     read_repository,
 )
 
-_HELP = """Serve a Triton model repository (e.g. the one `trtspec build` wrote) over HTTP and gRPC.
+_HELP_TEXT = """Serve a Triton model repository (e.g. the one `trtspec build` wrote) over HTTP and gRPC.
 
 \b
 Starts tritonserver, waits until every model has loaded, prints the
@@ -30,6 +31,13 @@ endpoints and the loaded models, and keeps serving until Ctrl-C (or
 SIGTERM, e.g. `docker stop`), then shuts down cleanly (exit code 0).
 If a model fails to load, it says which one and why, with the end of
 the server log (exit code 1).
+
+\b
+Stopping is bounded whatever the clients do: on Ctrl-C / SIGTERM Triton
+gets --exit-timeout seconds to finish in-flight requests, and is killed
+(with its model processes) KILL_GRACE s after that, so `trtspec serve`
+returns within --exit-timeout + KILL_GRACE s. If Triton exits with an
+error (or has to be killed), `trtspec serve` exits 1 and says why.
 
 \b
 Which tritonserver runs (first match wins):
@@ -55,6 +63,9 @@ Examples:
   trtspec serve out/model_repository --http-port 0 --grpc-port 0   # free ports
   TRITONSERVER=/opt/tritonserver/bin/tritonserver trtspec serve repo --verbose
 """
+
+
+_HELP = _HELP_TEXT.replace("KILL_GRACE", f"{ServerOptions.kill_grace_s:g}")
 
 
 def _models_table(server: TritonServer, repo: Path) -> Table:
@@ -123,6 +134,9 @@ class _Follower:
               help="Also copy the server log to this terminal while serving (useful in containers).")
 @click.option("--timeout", default=300.0, show_default=True, type=float,
               help="Seconds to wait for all models to load.")
+@click.option("--exit-timeout", default=10, show_default=True, type=click.IntRange(min=0),
+              help="On Ctrl-C/SIGTERM: seconds Triton gets to finish in-flight requests before it is stopped "
+                   "(see the bound above).")
 @click.option("--tritonserver", "tritonserver", default=None, metavar="PATH|bundled",
               help="tritonserver binary to use [default: see above; also $TRITONSERVER].")
 @click.option("--disable-auto-complete-config", is_flag=True,
@@ -139,6 +153,7 @@ def serve(
     verbose: bool,
     follow_log: bool,
     timeout: float,
+    exit_timeout: int,
     tritonserver: str | None,
     disable_auto_complete_config: bool,
     world_size: int,
@@ -157,6 +172,8 @@ def serve(
         log_verbose=1 if verbose else 0,
         tritonserver=tritonserver,
         disable_auto_complete_config=disable_auto_complete_config,
+        exit_timeout_s=exit_timeout,
+        ready_timeout_s=timeout,
     )
     try:
         server = create_server(options, world_size=world_size)
@@ -194,12 +211,22 @@ def serve(
         rc = server.stop()
         if follow_log and follower is not None:
             follower.pump()
+        if rc != 0:
+            raise UserError(escape(_stop_failure(server, rc))) from None
         err_console.print(f"Triton stopped (exit code {rc}).")
     except BaseException:
         server.stop()
         raise
     finally:
         _restore_stop_signals(previous_handlers)
+
+
+def _stop_failure(server: TritonServer, rc: int | None) -> str:
+    reason = getattr(server, "stop_reason", None)
+    lines = [line for line in server.log_tail(60) if re.search(r"(?i)error|timeout|fail|exit", line)][-8:]
+    tail = "\n".join(f"  | {line}" for line in lines)
+    what = reason or f"tritonserver exited with code {rc} on shutdown"
+    return f"{what}.\nFrom its log:\n{tail}" if tail else f"{what}."
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:

@@ -143,6 +143,10 @@ class ServerOptions:
     disable_auto_complete_config: bool = False
     #: ``--exit-timeout-secs``: how long Triton waits for in-flight requests on shutdown
     exit_timeout_s: int = 30
+    #: after SIGINT, seconds past ``exit_timeout_s`` before ``stop()`` kills the server's process group
+    kill_grace_s: float = 10.0
+    #: seconds ``with server:`` (``__enter__``) waits for every model to load
+    ready_timeout_s: float = 300.0
     #: extra ``--backend-config`` values, e.g. ``"python,shm-default-byte-size=16777216"``
     backend_config: Sequence[str] = ()
     #: Python-backend shared memory (``/dev/shm``) per model instance; None = Triton's default
@@ -170,6 +174,11 @@ class ServerOptions:
     extra_args: Sequence[str] = ()
     #: kill the server (SIGTERM) if the Python thread that started it dies (Linux ``PR_SET_PDEATHSIG``)
     die_with_parent: bool = True
+
+    @property
+    def stop_bound_s(self) -> float:
+        """The longest ``stop()`` takes, whatever clients did: Triton's exit timeout, then a kill."""
+        return float(self.exit_timeout_s) + self.kill_grace_s
 
     def replace(self, **changes: Any) -> "ServerOptions":
         return dataclasses.replace(self, **changes)
@@ -447,7 +456,7 @@ class TritonServer(abc.ABC):
     def __enter__(self) -> "TritonServer":
         self.start()
         try:
-            self.wait_ready()
+            self.wait_ready(self.options.ready_timeout_s)
         except BaseException:
             self.stop()
             raise

@@ -429,6 +429,8 @@ class LocalTritonServer(TritonServer):
         self._shm_prefix = options.python_shm_prefix or f"trtspec{os.getpid()}-{secrets.token_hex(4)}_"
         self._started_at: float | None = None
         self.ready_after_s: float | None = None
+        #: set when stop() had to kill the server (it did not exit within ``options.stop_bound_s``)
+        self.stop_reason: str | None = None
 
     # -- what will run --------------------------------------------------------------------------------------------
 
@@ -589,7 +591,7 @@ class LocalTritonServer(TritonServer):
         proc = self._proc
         if proc is None:
             return None
-        timeout = float(self.options.exit_timeout_s) + 10.0 if timeout is None else timeout
+        timeout = self.options.stop_bound_s if timeout is None else timeout
         pgid = proc.pid  # start_new_session: the server leads its own group
         if proc.poll() is None:
             try:
@@ -601,6 +603,7 @@ class LocalTritonServer(TritonServer):
             except subprocess.TimeoutExpired:
                 _killpg(pgid, signal.SIGKILL)
                 proc.wait()
+                self.stop_reason = f"tritonserver did not exit within {timeout:g} s of SIGINT; killed"
         _reap_group(pgid)
         self._close_log()
         self._cleanup_shm()
