@@ -31,6 +31,7 @@ pytestmark = pytest.mark.slow
 ENDPOINTS = ("ensemble", "baseline")
 LONG = 256  # ~15 s of generation on the CPU: a loop that does not stop is plain to see
 STOP_WITHIN_S = 2.0
+EXIT_TIMEOUT_S = 5
 PROMPT = "<|im_start|>user\nTell me a long story about a dragon.<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -54,7 +55,7 @@ def server(tmp_path_factory):
     from trtspec.server import ServerOptions, create_server
 
     repo = generate_repository(demo_config(), tmp_path_factory.mktemp("repo") / "model_repository")
-    opts = ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto")
+    opts = ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto", exit_timeout_s=EXIT_TIMEOUT_S)
     with create_server(opts) as s:
         s.wait_ready(300)
         yield s
@@ -223,3 +224,30 @@ def test_bad_value_over_grpc_gets_named_error(server, model, extra, expect):
     assert expect in message
     assert _ready(server)
     assert len(Client(server.endpoints.grpc_address, "grpc", model).generate("Hello", 4).token_ids) == 4
+
+
+# ------------------------------------------------------------------ shutdown (last: it stops the module's server)
+
+
+def test_sigint_after_a_rejected_stream_request_stops_within_the_bound(server):
+    """A gRPC client whose stream callback raised on a rejected request keeps its stream open; Triton then waits
+    for it on shutdown. stop() (what `trtspec serve` does on Ctrl-C) still returns within the stated bound."""
+    import tritonclient.grpc as grpcclient
+
+    def callback(result, error):
+        raise RuntimeError("a client bug")
+
+    client = grpcclient.InferenceServerClient(server.endpoints.grpc_address)
+    client.start_stream(callback=callback)
+    bad = grpcclient.InferInput("max_tokens", [1, 1], "FP32")  # declared INT32: Triton rejects the request
+    bad.set_data_from_numpy(np.array([[8.0]], dtype=np.float32))
+    client.async_stream_infer("ensemble", grpc_inputs({"text_input": "Hello"}) + [bad])
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    rc = server.stop()
+    elapsed = time.monotonic() - t0
+    print(f"stop() after a rejected stream request: {elapsed:.1f} s, exit code {rc}, {server.stop_reason}")
+    assert elapsed <= server.options.stop_bound_s + 2
+    assert not server.is_running()
+    if rc != 0:  # a failure comes with a reason `trtspec serve` can show
+        assert server.stop_reason or any("timeout" in line.lower() for line in server.log_tail(60))
