@@ -14,6 +14,7 @@ from trtspec.config import load_config
 from trtspec.k8s.manifests import DEFAULT_OPENAI_PORT, QUEUE_METRIC
 from trtspec.k8s.validate import validate_object
 from trtspec.repository import LOOP
+from trtspec.server import ServerOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "build_configs"
@@ -81,7 +82,8 @@ def test_gpu_example_manifests_validate_and_carry_the_plan(tmp_path, name):
     assert srv["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert srv["startupProbe"]["periodSeconds"] * srv["startupProbe"]["failureThreshold"] >= 1800
     assert srv["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
-    assert pod["terminationGracePeriodSeconds"] > int(srv["lifecycle"]["preStop"]["exec"]["command"][1]) + 30
+    # preStop, then the bound `trtspec serve` stops within
+    assert pod["terminationGracePeriodSeconds"] > int(srv["lifecycle"]["preStop"]["exec"]["command"][1]) + ServerOptions("repo").stop_bound_s
     assert srv["args"][:2] == ["serve", f"/models/trtspec-out/{cfg.name}/model_repository"]
 
     t = cfg.triton

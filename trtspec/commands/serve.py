@@ -134,7 +134,7 @@ class _Follower:
               help="Also copy the server log to this terminal while serving (useful in containers).")
 @click.option("--timeout", default=300.0, show_default=True, type=float,
               help="Seconds to wait for all models to load.")
-@click.option("--exit-timeout", default=10, show_default=True, type=click.IntRange(min=0),
+@click.option("--exit-timeout", default=ServerOptions.exit_timeout_s, show_default=True, type=click.IntRange(min=0),
               help="On Ctrl-C/SIGTERM: seconds Triton gets to finish in-flight requests before it is stopped "
                    "(see the bound above).")
 @click.option("--tritonserver", "tritonserver", default=None, metavar="PATH|bundled",

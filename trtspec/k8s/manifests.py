@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
@@ -40,8 +40,8 @@ SHM_VOLUME = "dshm"
 RSH_AGENT = "kubectl-exec"
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 LWS_LEADER_SELECTOR = {"leaderworkerset.sigs.k8s.io/worker-index": "0"}
-# Triton drains in-flight requests for --exit-timeout-secs after SIGINT; `trtspec serve` waits that + 10 s.
-DRAIN_S = dict((f.name, f.default) for f in fields(ServerOptions))["exit_timeout_s"] + 10
+# Triton drains in-flight requests for --exit-timeout-secs after SIGINT; `trtspec serve` kills it after that + a grace.
+DRAIN_S = int(ServerOptions.exit_timeout_s + ServerOptions.kill_grace_s)
 PRESTOP_SLEEP_S = 10  # endpoints controllers and kube-proxy stop sending new requests before the drain starts
 SERVE_OPENAI_FLAG = "--openai-port"
 ADAPTER_VALUES = "prometheus-adapter-values.yaml"

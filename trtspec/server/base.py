@@ -142,7 +142,7 @@ class ServerOptions:
     #: needs complete config.pbtxt files)
     disable_auto_complete_config: bool = False
     #: ``--exit-timeout-secs``: how long Triton waits for in-flight requests on shutdown
-    exit_timeout_s: int = 30
+    exit_timeout_s: int = 10
     #: after SIGINT, seconds past ``exit_timeout_s`` before ``stop()`` kills the server's process group
     kill_grace_s: float = 10.0
     #: seconds ``with server:`` (``__enter__``) waits for every model to load
