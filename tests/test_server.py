@@ -564,7 +564,7 @@ def test_serve_runs_until_ctrl_c(good_repo: Path, cache_dir: Path, helper_dir: P
         assert "Triton is ready" in output and "HTTP     http://127.0.0.1:" in output
         assert "stream3" in output and "READY" in output
         proc.send_signal(signal.SIGINT)
-        # Triton waits up to --exit-timeout-secs (30) for its models to unload, and `serve` gives it 10 s more.
+        # Triton waits up to --exit-timeout-secs (10) for its models to unload, and `serve` gives it 10 s more.
         # This also holds when the tests run as a background job of a non-interactive shell, which starts
         # every child with SIGINT ignored: `serve` sets its own SIGINT handler.
         assert proc.wait(timeout=60) == 0
