@@ -269,7 +269,6 @@ def _write_models(
 
 def list_models(repo: Path) -> dict[str, mc.ModelConfig]:
     """Every model of a repository, parsed (used by `serve` and the tests)."""
-    out = {}
-    for cfg_path in sorted(Path(repo).glob("*/config.pbtxt")):
-        out[cfg_path.parent.name] = text_format.Parse(cfg_path.read_text(), mc.ModelConfig())
-    return out
+    from trtspec.server.launch import read_repository
+
+    return {m.path.name: m.config for m in read_repository(repo) if m.config is not None}

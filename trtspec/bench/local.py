@@ -49,6 +49,7 @@ def local_deployment(
     log_file: Path | None = None,
     ready_timeout: float = 600.0,
     on_step: Callable[[str], None] | None = None,
+    prepare: Callable[[Path], None] | None = None,
 ) -> Iterator[TritonServer]:
     """Generate ``cfg``'s repository (reference engine only: TensorRT-LLM engines need `trtspec build`), start
     Triton, wait until every model is loaded, yield the server; stop it and remove the repository after."""
@@ -63,6 +64,8 @@ def local_deployment(
     try:
         step("writing the model repository")
         repo = generate_repository(cfg, tmp / "model_repository")
+        if prepare is not None:  # e.g. the loop benchmark's probe models
+            prepare(repo)
         options = ServerOptions(
             repo,
             http_port="auto",
