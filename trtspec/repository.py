@@ -11,6 +11,9 @@ Repository (reference or tensorrt_llm flavour):
   ngram_draft                        prompt-lookup drafter (any request may pick draft_source)
   speculative, ensemble              the speculative loop and text-in/text-out endpoint
   baseline_loop, baseline            the same, target-only (the A/B baseline)
+
+Repository (llmapi flavour, trtspec.llmapi.repository): `ensemble` hosts TensorRT-LLM's LLM (speculation
+inside it), `baseline` a second, target-only LLM when llmapi.baseline_endpoint is set.
 """
 
 from __future__ import annotations
@@ -148,7 +151,14 @@ def generate_repository(
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     try:
-        _write_models(cfg, partial, version, fractions, target_engine_dir, draft_engine_dir)
+        if cfg.engine is EngineKind.llmapi:
+            from trtspec.llmapi.repository import write_llmapi_models
+
+            w = _Writer(cfg, partial)
+            write_llmapi_models(cfg, partial, w.write, load_template(ENSEMBLE), draft_dir=draft_engine_dir,
+                                version=version, kv_fraction=fractions.get("target"))
+        else:
+            _write_models(cfg, partial, version, fractions, target_engine_dir, draft_engine_dir)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)  # nothing half-written is left looking finished
         raise
