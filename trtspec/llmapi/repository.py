@@ -16,6 +16,8 @@ MODEL_PY = Path(__file__).resolve().parent.parent / "model_repository" / "llmapi
 
 
 def endpoint_config(base: mc.ModelConfig, name: str, max_batch_size: int) -> mc.ModelConfig:
+    from trtspec.repository import BASELINE, BASELINE_LOOP, LOOP
+
     c = mc.ModelConfig()
     c.CopyFrom(base)
     c.name, c.platform, c.backend = name, "", "python"
@@ -23,6 +25,8 @@ def endpoint_config(base: mc.ModelConfig, name: str, max_batch_size: int) -> mc.
     c.ClearField("ensemble_scheduling")
     c.model_transaction_policy.decoupled = True
     c.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)  # the LLM places itself on its GPUs
+    # counters carry the loop models' labels, so `trtspec bench` cross-checks either flavour the same way
+    c.parameters["metrics_label"].string_value = BASELINE_LOOP if name == BASELINE else LOOP
     return c
 
 

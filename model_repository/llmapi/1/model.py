@@ -26,7 +26,7 @@ class TritonPythonModel:
         LLM, self.SamplingParams, self.implementation = load_api()
         self.llm = LLM(**doc)
         self.max_draft_len = int((doc.get("speculative_config") or {}).get("max_draft_len") or 0)
-        self.metrics = Metrics(pb_utils, args["model_name"])
+        self.metrics = Metrics(pb_utils, io.model_parameters(args).get("metrics_label") or args["model_name"])
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
