@@ -163,7 +163,7 @@ def _client(server, model="ensemble", protocol="http"):
 
 
 def _metric(server, name, model="speculative"):
-    text = urllib.request.urlopen(server.endpoints.metrics_url, timeout=10).read().decode()
+    text = urllib.request.urlopen(server.endpoints.metrics, timeout=10).read().decode()
     line = next(ln for ln in text.splitlines() if ln.startswith(f'{name}{{model="{model}"}}'))
     return float(line.split()[-1])
 
