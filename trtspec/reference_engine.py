@@ -20,7 +20,7 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -310,3 +310,76 @@ class ReferenceEngine:
             reused_tokens=reuse,
             computed_tokens=n_computed,
         )
+
+
+# ------------------------------------------------------------------ the tensor contract
+
+TensorGetter = Callable[[str], "np.ndarray | None"]
+
+
+class RequestTensorError(ValueError):
+    """A request whose tensors cannot be served; the message is for the client."""
+
+
+def request_from_tensors(get: TensorGetter, max_input_len: int | None = None) -> EngineRequest:
+    """An EngineRequest from the tensorrtllm backend's input tensors (`get(name)` -> array or None)."""
+
+    def scalar(name: str, default: Any = None) -> Any:
+        a = get(name)
+        return default if a is None or a.size == 0 else a.reshape(-1)[0].item()
+
+    def words(name: str) -> list[list[int]]:
+        from trtspec.triton_io import words_list
+
+        return words_list(get(name))
+
+    ids = get("input_ids")
+    input_ids = [] if ids is None else ids.reshape(-1).astype(np.int64).tolist()
+    input_ids = input_ids[: int(scalar("input_lengths", len(input_ids)))]
+    if not input_ids:
+        raise RequestTensorError("input_ids is empty")
+    if max_input_len and len(input_ids) > max_input_len:
+        raise RequestTensorError(f"input length {len(input_ids)} exceeds max_input_len {max_input_len}")
+    output_len = int(scalar("request_output_len", 0))
+    if output_len <= 0:
+        raise RequestTensorError(f"request_output_len must be > 0, got {output_len}")
+    draft = get("draft_input_ids")
+    draft_ids = None if draft is None else draft.reshape(-1).astype(np.int64).tolist()
+    draft_logits = get("draft_logits")
+    if draft_logits is not None:
+        draft_logits = draft_logits.reshape(-1, draft_logits.shape[-1])
+    top_p = float(scalar("runtime_top_p", 0.0))
+    return EngineRequest(
+        input_ids=input_ids,
+        output_len=output_len,
+        draft_ids=draft_ids or None,
+        draft_logits=draft_logits,
+        end_id=scalar("end_id"),
+        sampling=SamplingParams(
+            temperature=float(scalar("temperature", 0.0)),
+            top_k=int(scalar("runtime_top_k", 0)),
+            top_p=top_p if top_p > 0 else 1.0,
+        ),
+        seed=scalar("seed"),
+        min_tokens=int(scalar("min_tokens", 0)),
+        stop_words=words("stop_words_list"),
+        bad_words=words("bad_words_list"),
+        return_generation_logits=bool(scalar("return_generation_logits", False)),
+    )
+
+
+def result_tensors(result: EngineResult, perf_metrics: bool = False) -> dict[str, np.ndarray]:
+    """The tensorrtllm backend's output tensors for one result (input + new tokens, beam width 1)."""
+    tokens = np.asarray(result.tokens, dtype=np.int32)
+    out = {
+        "output_ids": tokens.reshape(1, 1, -1),
+        "sequence_length": np.array([[len(tokens)]], dtype=np.int32),
+    }
+    if result.generation_logits is not None:
+        out["generation_logits"] = result.generation_logits[None, None]
+    if perf_metrics:
+        k, a = result.num_draft_tokens, result.num_accepted
+        out["acceptance_rate"] = np.array([[a / k if k else 0.0]], dtype=np.float32)
+        out["total_accepted_draft_tokens"] = np.array([[a]], dtype=np.int32)
+        out["total_draft_tokens"] = np.array([[k]], dtype=np.int32)
+    return out

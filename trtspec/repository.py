@@ -10,6 +10,9 @@ Repository (reference or tensorrt_llm flavour):
   tensorrt_llm, tensorrt_llm_draft   target and draft engines
   speculative, ensemble              the speculative loop and text-in/text-out endpoint
   baseline_loop, baseline            the same, target-only (the A/B baseline)
+
+Repository (llmapi flavour, trtspec.llmapi.repository): `ensemble` hosts TensorRT-LLM's LLM (speculation
+inside it), `baseline` a second, target-only LLM when llmapi.baseline_endpoint is set.
 """
 
 from __future__ import annotations
@@ -83,14 +86,19 @@ def loop_io(config: mc.ModelConfig) -> None:
     _stat_outputs(config)
 
 
-def ensemble_io(config: mc.ModelConfig, loop_name: str) -> None:
-    """The text endpoint's declared tensors and its loop step's maps, from trtspec.contract."""
+def endpoint_io(config: mc.ModelConfig) -> None:
+    """A text endpoint's declared tensors (any flavour), from trtspec.contract."""
     for f in REQUEST_FIELDS:
         _add_tensor(config.input, f.name, f.dtype, f.dims, optional=not f.required)
     _add_tensor(config.output, "text_output", "STRING", (1,))
     _add_tensor(config.output, "output_ids", "INT32", (-1,))
     _add_tensor(config.output, "sequence_length", "INT32", (1,))
     _stat_outputs(config)
+
+
+def ensemble_io(config: mc.ModelConfig, loop_name: str) -> None:
+    """The ensemble's declared tensors and its loop step's maps, from trtspec.contract."""
+    endpoint_io(config)
     step = next(st for st in config.ensemble_scheduling.step if st.model_name == LOOP)
     step.model_name = loop_name
     for name, *_ in LOOP_TOKEN_INPUTS:
@@ -214,7 +222,14 @@ def generate_repository(
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     try:
-        _write_models(cfg, partial, version, fractions, target_engine_dir, draft_engine_dir)
+        if cfg.engine is EngineKind.llmapi:
+            from trtspec.llmapi.repository import write_llmapi_models
+
+            w = _Writer(cfg, partial)
+            write_llmapi_models(cfg, partial, w.write, load_template(ENSEMBLE), draft_dir=draft_engine_dir,
+                                version=version, kv_fraction=fractions.get("target"))
+        else:
+            _write_models(cfg, partial, version, fractions, target_engine_dir, draft_engine_dir)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)  # nothing half-written is left looking finished
         raise

@@ -168,7 +168,9 @@ def plan_placement(cfg: BuildConfig, n_gpus: int) -> dict[str, list[int]]:
     t = cfg.target
     placement = {"target": list(t.gpu_device_ids) if t.gpu_device_ids is not None else list(range(t.world_size))}
     d = cfg.draft
-    if d is not None:
+    if d is not None and cfg.engine is EngineKind.llmapi:
+        placement["draft"] = placement["target"][:1]  # DraftTarget: the draft runs inside the target's LLM
+    elif d is not None:
         if d.gpu_device_ids is not None:
             placement["draft"] = list(d.gpu_device_ids)
         else:
@@ -245,7 +247,9 @@ def run_preflight(
     could not be read, explained in `checkpoint_problems`). `pending_outputs` says which models still need
     their checkpoint + engine written (for the disk check)."""
     r = PreflightResult()
-    trt = cfg.engine is EngineKind.tensorrt_llm
+    # llmapi on GPUs gets the engine flow's GPU checks; on CPU it runs trtspec's stand-in, like the reference engine
+    llmapi_gpu = cfg.engine is EngineKind.llmapi and (cfg.device == "cuda" or (cfg.device == "auto" and bool(machine.gpus)))
+    trt = cfg.engine is EngineKind.tensorrt_llm or llmapi_gpu
 
     for role, problem in (checkpoint_problems or {}).items():
         r.add(
@@ -268,7 +272,8 @@ def run_preflight(
             )
         return r
 
-    _check_software(cfg, machine, trtllm_version, r)
+    if cfg.engine is EngineKind.tensorrt_llm:
+        _check_software(cfg, machine, trtllm_version, r)
     n = len(machine.gpus)
     r.placement = plan_placement(cfg, n)
     if not machine.gpus:
