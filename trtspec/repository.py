@@ -22,6 +22,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trtspec.config import BuildConfig, EngineKind, checkpoint_path
+from trtspec.contract import nvidia
 
 TEMPLATES = Path(__file__).resolve().parent / "model_repository"
 
@@ -53,16 +54,26 @@ def _set_params(config: mc.ModelConfig, **values: object) -> None:
         config.parameters[key].string_value = str(value)
 
 
-def _version_tuple(v: str | None) -> tuple[int, int]:
-    if not v:
-        return (1, 1)
-    major, minor = v.split(".")[:2]
-    return int(major), int(minor)
+def engine_io(config: mc.ModelConfig, trtllm_version: str | None) -> mc.ModelConfig:
+    """Declare exactly the inputs/outputs of NVIDIA's `tensorrt_llm` model for `trtllm_version` (its contract
+    data; the newest supported one when unset): tensor names such as min_length/min_tokens come from there."""
+    try:
+        contract = nvidia.model_io(nvidia.version_for(trtllm_version), TARGET)
+    except ValueError as e:
+        raise RepositoryError(f"tensorrt_llm_version: {e}") from None
+    del config.input[:]
+    del config.output[:]
+    for t in contract.inputs:
+        t.to_pb(config.input.add())
+    for t in contract.outputs:
+        t.to_pb(config.output.add())
+    return config
 
 
 def legacy_tensor_names(trtllm_version: str | None) -> bool:
-    """TensorRT-LLM before 0.20 names min_tokens `min_length` and seed `random_seed`."""
-    return _version_tuple(trtllm_version) < (0, 20)
+    """TensorRT-LLM before 0.20 names min_tokens `min_length` and seed `random_seed` (from the contract data)."""
+    io = nvidia.model_io(nvidia.version_for(trtllm_version), TARGET)
+    return any(t.name == "min_length" for t in io.inputs)
 
 
 class _Writer:
@@ -93,7 +104,7 @@ def _engine_config(
     kv_fraction: float | None,
 ) -> mc.ModelConfig:
     model = getattr(cfg, role)
-    config = load_template(TARGET)
+    config = engine_io(load_template(TARGET), trtllm_version)
     config.name = name
     config.instance_group[0].count = model.instance_count
     if cfg.engine is EngineKind.reference:
@@ -108,6 +119,7 @@ def _engine_config(
             kv_cache_entries=2 * cfg.limits.max_batch_size,
             max_input_len=cfg.limits.max_input_len,
             use_draft_vocab=role == "draft",  # a draft checkpoint's draft_vocab.json, if it has one
+            exclude_input_in_output=False,  # the loop reads the whole sequence back, as NVIDIA's BLS does
         )
         return config
     if engine_dir is None:
@@ -120,10 +132,6 @@ def _engine_config(
         kv_cache_free_gpu_mem_fraction=kv_fraction if kv_fraction is not None else 0.5,
         max_beam_width=1,
     )
-    if legacy_tensor_names(trtllm_version):
-        renames = {"min_tokens": "min_length", "seed": "random_seed"}
-        for tensor in config.input:
-            tensor.name = renames.get(tensor.name, tensor.name)
     return config
 
 
@@ -186,14 +194,14 @@ def _write_models(
     if cfg.draft is not None and uses_model:
         w.write(w.batch(_engine_config(cfg, "draft", DRAFT, draft_engine_dir, version, fractions.get("draft"))), engine_py)
     if uses_ngram:
-        c = w.batch(load_template(TARGET))
+        c = w.batch(engine_io(load_template(TARGET), version))
         c.name, c.backend = NGRAM, "python"
         c.ClearField("dynamic_batching")
         c.ClearField("parameters")
         _set_params(c, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)
         w.write(c, TEMPLATES / NGRAM / "1" / "model.py")
 
-    legacy = cfg.engine is EngineKind.tensorrt_llm and legacy_tensor_names(version)
+    legacy = legacy_tensor_names(version)
     for loop_name, disabled in ((LOOP, False), (BASELINE_LOOP, True)):
         c = w.batch(load_template(LOOP))
         c.name = loop_name
