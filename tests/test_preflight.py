@@ -271,7 +271,7 @@ def test_missing_examples_dir_names_the_env_override(tmp_path, models) -> None:
 
 @pytest.mark.parametrize(
     ("version", "text"),
-    [("1.3.0", "trtllm-build were removed after 1.2"), ("0.16.0", "older than 0.17")],
+    [("1.3.0", "trtllm-build were removed in 1.3.0"), ("0.16.0", "older than 0.17")],
 )
 def test_trtllm_version_outside_the_supported_range(tmp_path, tools, models, version, text) -> None:
     pf = preflight(

@@ -184,7 +184,12 @@ def find_trtllm_build() -> Tool:
     path = shutil.which("trtllm-build")
     if path:
         return Tool(path, tensorrt_llm_version())
-    return Tool(None, None, "not on PATH (comes with TensorRT-LLM <= 1.2; use NVIDIA's *-trtllm-python-py3 container)")
+    from trtspec.contract.nvidia import ENGINE_FLOW_RANGE as flow
+
+    return Tool(
+        None, None, f"not on PATH (comes with TensorRT-LLM {flow.first} - {flow.last}; use NVIDIA's "
+        f"tritonserver:{flow.last_container}-trtllm-python-py3 container or older)"
+    )
 
 
 def disk_free(path: str | Path) -> int | None:

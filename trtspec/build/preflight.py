@@ -26,11 +26,11 @@ from typing import Literal
 
 from trtspec.checkpoint import DTYPE_BYTES, CheckpointInfo, check_pair, format_bytes, format_params
 from trtspec.config import BuildConfig, EngineKind, ModelConfig
+from trtspec.contract.nvidia import ENGINE_FLOW_RANGE
 from trtspec.machine import Machine, disk_free
 
 Level = Literal["error", "warning"]
 
-SUPPORTED_TRTLLM = ((0, 17), (1, 2))  # trtllm-build and the TensorRT engine backend were removed after 1.2
 FP8_MIN_SM = 89  # Ada (8.9) and Hopper (9.0) have FP8 tensor cores
 USABLE_MEMORY = 0.95  # of the total memory a GPU reports
 RUNTIME_OVERHEAD = 1 << 30  # CUDA context, cuBLAS workspace, TensorRT-LLM runtime buffers, per model per GPU
@@ -368,22 +368,22 @@ def _check_software(cfg: BuildConfig, machine: Machine, trtllm_version: str | No
         )
     v = version_tuple(trtllm_version)
     if v is not None:
-        lo, hi = SUPPORTED_TRTLLM
-        if v[:2] < lo:
+        flow = ENGINE_FLOW_RANGE
+        if v[:2] < version_tuple(flow.first)[:2]:
             r.add(
                 "error",
                 "trtllm-version-unsupported",
-                f"TensorRT-LLM {trtllm_version} is older than 0.17, the oldest release trtspec supports (flags, "
-                "plugin defaults and the Triton templates differ). Use tritonserver 25.01 (0.17) or newer, up to "
-                "25.12 (1.1).",
+                f"TensorRT-LLM {trtllm_version} is older than {flow.first}, the oldest release trtspec supports "
+                "(flags, plugin defaults and the Triton templates differ). Use tritonserver 25.01 (0.17) or newer, "
+                f"up to {flow.last_container} ({flow.last}).",
             )
-        elif v[:2] > hi:
+        elif v[:2] > version_tuple(flow.last)[:2]:
             r.add(
                 "error",
                 "trtllm-version-unsupported",
-                f"TensorRT-LLM {trtllm_version} is newer than 1.2: the TensorRT engine backend and trtllm-build "
-                "were removed after 1.2 (PyTorch is the only backend). Use "
-                "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3 (TensorRT-LLM 1.1).",
+                f"TensorRT-LLM {trtllm_version} is newer than {flow.last}: the TensorRT engine backend and "
+                f"trtllm-build were removed in {flow.removed_in} (PyTorch is the only backend). Use "
+                f"nvcr.io/nvidia/tritonserver:{flow.last_container}-trtllm-python-py3 (TensorRT-LLM {flow.last}).",
             )
     elif trtllm_version is None:
         r.notes.append("TensorRT-LLM version unknown: assuming a 1.x layout (set tensorrt_llm_version to pin it)")

@@ -13,6 +13,7 @@ from trtspec.build.preflight import describe_estimates
 from trtspec.checkpoint import CheckpointError, CheckpointInfo, format_bytes, format_params
 from trtspec.commands._common import UserError, console, friendly_errors
 from trtspec.config import ConfigError, EngineKind, load_config
+from trtspec.contract.nvidia import ENGINE_FLOW_RANGE
 from trtspec.demo_pair import DemoPairError
 from trtspec.machine import GpuSpecError, Machine, machine_inventory
 
@@ -142,6 +143,9 @@ def print_machine(m: Machine, out: Path) -> None:
     tool("trtllm-build", m.trtllm_build.path, m.trtllm_build.version, m.trtllm_build.note)
     tool("tensorrt_llm", "importable" if m.tensorrt_llm_version else None, m.tensorrt_llm_version, None if m.tensorrt_llm_version else "not installed")
     tool("TensorRT", "installed" if m.tensorrt_version else None, m.tensorrt_version, None if m.tensorrt_version else "not installed")
+    say(f"  engine flow supported: {escape(ENGINE_FLOW_RANGE.label)}")
+    if m.tensorrt_llm_version and not ENGINE_FLOW_RANGE.contains(m.tensorrt_llm_version):
+        say(f"  [yellow]TensorRT-LLM {escape(m.tensorrt_llm_version)} is outside it[/]: engine: tensorrt_llm needs trtllm-build")
     if m.triton_container:
         say(f"  Triton container: {escape(m.triton_container)}")
     for p, free in m.disk_free.items():

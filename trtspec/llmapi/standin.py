@@ -168,7 +168,7 @@ class _EngineCall:
 
     def __call__(self, model: str, tensors: dict[str, np.ndarray], wanted: list[str]) -> dict[str, np.ndarray]:
         result = self.engines[model].run(request_from_tensors(tensors.get))
-        return result_tensors(result)
+        return result_tensors(result, tensors.get)
 
 
 @dataclass

@@ -1,11 +1,13 @@
 """Reference engine: serves a Hugging Face causal LM with the tensor contract of the tensorrtllm backend.
 
-The speculative loop cannot tell this model from a TensorRT-LLM engine: same tensor names, dtypes and
-semantics (draft_input_ids verified in one forward pass, accepted prefix + one token returned, prefix
-KV-cache reuse). The logic lives in trtspec.reference_engine; this file only moves tensors.
+The speculative loop cannot tell this model from a TensorRT-LLM engine: it declares exactly the inputs and
+outputs of NVIDIA's `tensorrt_llm` model for the deployment's TensorRT-LLM version (trtspec.contract.nvidia)
+and gives them the executor's meaning. The logic (request parsing, refusals, outputs) lives in
+trtspec.reference_engine; this file moves tensors.
 """
 
 import os
+import time
 
 import triton_python_backend_utils as pb_utils
 
@@ -23,6 +25,7 @@ class TritonPythonModel:
 
             torch.set_num_threads(threads)
         self.max_input_len = int(params.get("max_input_len", "0")) or None
+        self.exclude_input_default = params.get("exclude_input_in_output", "false").lower() == "true"
         self.engine = ReferenceEngine(
             params["checkpoint"],
             device=params.get("device", "auto"),
@@ -35,17 +38,21 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
+            arrival = time.monotonic_ns()
             try:
-                responses.append(self._run(request))
+                responses.append(self._run(request, arrival))
             except RequestTensorError as e:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))))
             except Exception as e:  # the model must stay up whatever one request does
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}")))
         return responses
 
-    def _run(self, request):
+    def _run(self, request, arrival):
         get = lambda name: io.tensor(pb_utils, request, name)  # noqa: E731
-        result = self.engine.run(request_from_tensors(get, self.max_input_len))
-        perf = io.scalar(pb_utils, request, "return_perf_metrics", False)
-        tensors = result_tensors(result, bool(perf))
+        req = request_from_tensors(get, self.max_input_len)
+        if req is None:  # a `stop` request
+            return pb_utils.InferenceResponse(output_tensors=[])
+        scheduled = time.monotonic_ns()
+        result = self.engine.run(req)
+        tensors = result_tensors(result, get, self.exclude_input_default, arrival, scheduled)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
