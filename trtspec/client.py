@@ -170,28 +170,13 @@ class Client:
 
     def _grpc(self, fields: dict[str, Any]) -> Iterator[Chunk]:
         import tritonclient.grpc as grpcclient
-        from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+        from tritonclient.utils import InferenceServerException
 
-        dtypes = {
-            "text_input": np.object_, "max_tokens": np.int32, "stream": np.bool_, "return_perf_metrics": np.bool_,
-            "num_draft_tokens": np.int32, "use_draft_logits": np.bool_, "temperature": np.float32,
-            "top_k": np.int32, "top_p": np.float32, "seed": np.uint64, "stop_words": np.object_,
-            "bad_words": np.object_, "draft_source": np.object_, "end_id": np.int32,
-            "draft_length_policy": np.object_,
-        }
-        inputs = []
-        for name, value in fields.items():
-            arr = np.array([value if isinstance(value, list) else [value]], dtype=dtypes[name])
-            if arr.dtype == np.object_:
-                arr = np.vectorize(lambda s: s.encode("utf-8"), otypes=[np.object_])(arr)
-            t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
-            t.set_data_from_numpy(arr)
-            inputs.append(t)
         results: "queue.Queue[Any]" = queue.Queue()
         client = grpcclient.InferenceServerClient(self.url)
         try:
             client.start_stream(callback=lambda result, error: results.put((result, error, time.perf_counter())))
-            client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
+            client.async_stream_infer(self.model, grpc_inputs(fields), enable_empty_final_response=True)
             while True:
                 try:
                     result, error, t = results.get(timeout=self.timeout)
@@ -199,22 +184,55 @@ class Client:
                     raise ClientError(f"no response from {self.model} within {self.timeout}s") from None
                 if error is not None:
                     raise ClientError(str(error.message() if isinstance(error, InferenceServerException) else error))
-                response = result.get_response()
-                final = response.parameters.get("triton_final_response")
-                if result.as_numpy("text_output") is not None:
-                    values = {name: result.as_numpy(name) for name in ("text_output", "output_ids", *STAT_FIELDS, *LIST_FIELDS)}
-                    text = values.pop("text_output").reshape(-1)[0]
-                    yield Chunk(
-                        text.decode("utf-8") if isinstance(text, bytes) else str(text),
-                        [int(x) for x in np.asarray(values.pop("output_ids")).reshape(-1)],
-                        t,
-                        _stats(values),
-                    )
+                chunk = grpc_chunk(result, t)
+                if chunk is not None:
+                    yield chunk
+                final = result.get_response().parameters.get("triton_final_response")
                 if final is not None and final.bool_param:
                     return
         finally:
             client.stop_stream(cancel_requests=True)
             client.close()
+
+
+# the endpoint's input tensors and their types (an unknown field is a KeyError, i.e. a bug here)
+GRPC_DTYPES = {
+    "text_input": np.object_, "max_tokens": np.int32, "stream": np.bool_, "return_perf_metrics": np.bool_,
+    "num_draft_tokens": np.int32, "use_draft_logits": np.bool_, "temperature": np.float32,
+    "top_k": np.int32, "top_p": np.float32, "seed": np.uint64, "stop_words": np.object_,
+    "bad_words": np.object_, "draft_source": np.object_, "end_id": np.int32,
+    "draft_length_policy": np.object_,
+}
+
+
+def grpc_inputs(fields: dict[str, Any]) -> list[Any]:
+    """Request fields (see `_request_fields`) as gRPC InferInputs (also what tritonclient.grpc.aio takes)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    inputs = []
+    for name, value in fields.items():
+        arr = np.array([value if isinstance(value, list) else [value]], dtype=GRPC_DTYPES[name])
+        if arr.dtype == np.object_:
+            arr = np.vectorize(lambda s: s.encode("utf-8"), otypes=[np.object_])(arr)
+        t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+    return inputs
+
+
+def grpc_chunk(result: Any, t: float) -> Chunk | None:
+    """One gRPC InferResult as a Chunk; None for an empty (final-flag only) response."""
+    if result.as_numpy("text_output") is None:
+        return None
+    values = {name: result.as_numpy(name) for name in ("text_output", "output_ids", *STAT_FIELDS, *LIST_FIELDS)}
+    text = values.pop("text_output").reshape(-1)[0]
+    return Chunk(
+        text.decode("utf-8") if isinstance(text, bytes) else str(text),
+        [int(x) for x in np.asarray(values.pop("output_ids")).reshape(-1)],
+        t,
+        _stats(values),
+    )
 
 
 def _chunk(body: dict[str, Any]) -> Chunk:

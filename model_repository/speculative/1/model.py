@@ -203,6 +203,6 @@ class TritonPythonModel:
             else:
                 sender.send(self._response(generated, [], last), flags=_FINAL)
         except LoopRequestError as e:
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=_FINAL)
+            sender.send(pb_utils.InferenceResponse(error=io.bad_request(pb_utils, e)), flags=_FINAL)
         except Exception as e:  # engine failure: report it, keep serving
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"speculative loop: {e}")), flags=_FINAL)
