@@ -257,18 +257,13 @@ def _counters(triton) -> tuple[float, float, float]:
 
 
 @pytest.mark.slow
-def test_a_dropped_stream_stops_its_request_in_triton(api, triton, name) -> None:
-    import httpx
-
+def test_a_dropped_stream_stops_its_request_in_triton(client, triton, name) -> None:
     requests_before, emitted_before, _ = _counters(triton)
-    body = {"model": name, "prompt": COUNTING, "max_tokens": 200, "temperature": 0, "stream": True}
-    with httpx.stream("POST", f"{api.url}/completions", json=body, timeout=60) as resp:
-        assert resp.status_code == 200
-        events = 0
-        for line in resp.iter_lines():
-            events += line.startswith("data: ")
-            if events == 3:
-                break  # the client goes away mid-stream
+    stream = client.completions.create(model=name, prompt=COUNTING, max_tokens=200, temperature=0, stream=True)
+    for i, _chunk in enumerate(stream):
+        if i == 2:
+            break
+    stream.close()  # the client goes away mid-stream
     dropped = time.monotonic()
     while _counters(triton)[0] == requests_before:  # the loop records a request when it ends
         assert time.monotonic() - dropped < 30, "the request still runs in Triton after its client left"
@@ -277,4 +272,4 @@ def test_a_dropped_stream_stops_its_request_in_triton(api, triton, name) -> None
     time.sleep(1.5)
     assert _counters(triton)[:2] == (requests, emitted)  # nothing keeps generating
     assert requests == requests_before + 1 and pending == 0
-    assert emitted - emitted_before < 100  # far fewer than the 200 asked for: cancelled, not finished
+    assert emitted - emitted_before < 40  # the prompt counts on for 100+ tokens: cancelled, not finished

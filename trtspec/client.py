@@ -207,18 +207,19 @@ GRPC_DTYPES = {
 
 def grpc_inputs(fields: dict[str, Any]) -> list[Any]:
     """Request fields (see `_request_fields`) as gRPC InferInputs (also what tritonclient.grpc.aio takes)."""
+    return [infer_input(name, np.array([value if isinstance(value, list) else [value]], dtype=GRPC_DTYPES[name]))
+            for name, value in fields.items()]
+
+
+def infer_input(name: str, arr: np.ndarray) -> Any:
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import np_to_triton_dtype
 
-    inputs = []
-    for name, value in fields.items():
-        arr = np.array([value if isinstance(value, list) else [value]], dtype=GRPC_DTYPES[name])
-        if arr.dtype == np.object_:
-            arr = np.vectorize(lambda s: s.encode("utf-8"), otypes=[np.object_])(arr)
-        t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
-        t.set_data_from_numpy(arr)
-        inputs.append(t)
-    return inputs
+    if arr.dtype == np.object_:
+        arr = np.vectorize(lambda s: s.encode("utf-8") if isinstance(s, str) else s, otypes=[np.object_])(arr)
+    t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+    t.set_data_from_numpy(arr)
+    return t
 
 
 def grpc_chunk(result: Any, t: float) -> Chunk | None:

@@ -153,7 +153,8 @@ def create_app(backend: TritonBackend) -> FastAPI:
         if triton_model is None:
             raise OpenAIError(404, f"model {req.model!r} does not exist; this server serves "
                                    f"{', '.join(deployment.models)}", param="model", code="model_not_found")
-        prompt_tokens = backend.count_tokens(prompt)
+        prompt_ids = backend.encode(prompt)
+        prompt_tokens = len(prompt_ids)
         limit = deployment.max_input_len
         max_tokens = req.requested_max_tokens or limit - prompt_tokens
         if prompt_tokens + max_tokens > limit or max_tokens < 1:
@@ -169,7 +170,8 @@ def create_app(backend: TritonBackend) -> FastAPI:
         )
         out = _Output(list(req.stop or []), max_tokens)
         reply = _Reply(chat, req.model, req.return_token_ids)
-        deltas = out.deltas(backend.generate(triton_model, fields))
+        del fields["text_input"]
+        deltas = out.deltas(backend.generate(triton_model, prompt_ids, fields))
         # the first response before answering: a request Triton refuses gets its status code, not a broken stream
         first = await anext(deltas, None)
         if not req.stream:

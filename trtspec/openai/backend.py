@@ -1,5 +1,11 @@
 """The OpenAI server's view of a deployment: what its repository says (name, limits, tokenizer), and requests
-to its Triton endpoints (`ensemble`: speculative, `baseline`: target only) over gRPC streaming (asyncio)."""
+to it over gRPC streaming (asyncio).
+
+Requests go to the loop models the `ensemble` (speculative) and `baseline` (target only) endpoints run, with the
+ensemble's pre- and postprocessing done here with the same tokenizer and the same code: Triton does not cancel
+the running step of an ensemble when its client goes away (it checks only between steps), while the loop,
+called directly, sees the cancellation and stops. It also gives the prompt's token count for free.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from trtspec.client import Chunk, grpc_chunk, grpc_inputs
+import numpy as np
+
+from trtspec.client import GRPC_DTYPES, LIST_FIELDS, STAT_FIELDS, Chunk, _stats, infer_input
+from trtspec.detokenize import chunk_text
 from trtspec.openai.protocol import OpenAIError
 from trtspec.repository import BASELINE, ENSEMBLE, LOOP, list_models
-from trtspec.triton_io import BAD_REQUEST
+from trtspec.triton_io import BAD_REQUEST, to_words_list
 
-PREPROCESSING = "preprocessing"
+PREPROCESSING, POSTPROCESSING = "preprocessing", "postprocessing"
 
 
 class DeploymentError(Exception):
@@ -39,11 +48,14 @@ class Deployment:
     max_draft_len: int
     tokenizer_dir: str
     add_special_tokens: bool  # what preprocessing does when it tokenizes text_input
+    skip_special_tokens: bool  # what postprocessing does when it detokenizes
+    loops: dict[str, str]  # endpoint (ensemble, baseline) -> the loop model its middle step runs
+    loop_inputs: dict[str, str]  # endpoint request field -> the loop's input it maps to (top_k -> runtime_top_k)
 
     @classmethod
     def from_repository(cls, repo: Path, name: str | None = None) -> "Deployment":
         models = list_models(repo)
-        missing = [m for m in (ENSEMBLE, BASELINE, LOOP, PREPROCESSING) if m not in models]
+        missing = [m for m in (ENSEMBLE, BASELINE, LOOP, PREPROCESSING, POSTPROCESSING) if m not in models]
         if missing:
             raise DeploymentError(f"{repo} has no {', '.join(missing)} model: the OpenAI server needs a repository "
                                   "written by `trtspec build`")
@@ -51,13 +63,25 @@ class Deployment:
         def params(model: str) -> dict[str, str]:
             return {k: v.string_value for k, v in models[model].parameters.items()}
 
-        loop, pre = params(LOOP), params(PREPROCESSING)
+        loop, pre, post = params(LOOP), params(PREPROCESSING), params(POSTPROCESSING)
+        loops, loop_inputs = {}, {}
+        for endpoint in (ENSEMBLE, BASELINE):
+            for step in models[endpoint].ensemble_scheduling.step:
+                if step.model_name not in (PREPROCESSING, POSTPROCESSING):
+                    loops[endpoint] = step.model_name
+                    # inputs the ensemble passes through unchanged (not preprocessing's "_" tensors)
+                    loop_inputs = {ens: own for own, ens in step.input_map.items() if not ens.startswith("_")}
+        if set(loops) != {ENSEMBLE, BASELINE}:
+            raise DeploymentError(f"{repo}: the ensemble and baseline models have no loop step")
         return cls(
             name=name or deployment_name(repo),
             max_input_len=int(loop["max_input_len"]),
             max_draft_len=int(loop["max_draft_len"]),
             tokenizer_dir=pre["tokenizer_dir"],
             add_special_tokens=pre.get("add_special_tokens", "false").lower() == "true",
+            skip_special_tokens=post.get("skip_special_tokens", "true").lower() == "true",
+            loops=loops,
+            loop_inputs=loop_inputs,
         )
 
     @property
@@ -93,8 +117,9 @@ class TritonBackend:
             await self._client.close()
             self._client = None
 
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=self.deployment.add_special_tokens))
+    def encode(self, text: str) -> list[int]:
+        """What preprocessing does to text_input."""
+        return self.tokenizer.encode(text, add_special_tokens=self.deployment.add_special_tokens)
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """The target's chat template with the assistant's turn opened. Its special tokens (BOS) are in the text,
@@ -110,23 +135,44 @@ class TritonBackend:
             text = text[len(bos):]
         return text
 
-    def generate(self, triton_model: str, fields: dict[str, Any]) -> "TritonStream":
-        """The responses of one request, streamed; `cancel()` ends the request in Triton."""
-        inputs = grpc_inputs(fields)
+    def generate(self, endpoint: str, prompt_ids: list[int], fields: dict[str, Any]) -> "TritonStream":
+        """The responses of one request to `endpoint` (ensemble or baseline), streamed; `fields` are the endpoint's
+        request fields other than text_input and max_tokens. `cancel()` ends the request in Triton."""
+        fields = dict(fields)
+        stops = fields.pop("stop_words", None) or []
+        end_id = fields.pop("end_id", self.tokenizer.eos_token_id)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else end_id
+        i32 = lambda v: np.array([[-1 if v is None else v]], dtype=np.int32)  # noqa: E731
+        inputs = [
+            infer_input("input_ids", np.array([prompt_ids], dtype=np.int32)),
+            infer_input("input_lengths", i32(len(prompt_ids))),
+            infer_input("request_output_len", i32(fields.pop("max_tokens"))),
+            infer_input("end_id", i32(end_id)),
+            infer_input("pad_id", i32(pad_id)),
+        ]
+        if stops:  # as preprocessing makes them
+            words = [self.tokenizer.encode(w, add_special_tokens=False) for w in stops]
+            inputs.append(infer_input("stop_words_list", to_words_list([w for w in words if w])))
+        for name, value in fields.items():
+            inputs.append(infer_input(self.deployment.loop_inputs[name], np.array([[value]], dtype=GRPC_DTYPES[name])))
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
-            yield {"model_name": triton_model, "inputs": inputs}
+            yield {"model_name": self.deployment.loops[endpoint], "inputs": inputs}
 
         # one request per stream: Triton ends the stream once the request's last response is sent
-        return TritonStream(self._client.stream_infer(one_request()), self.grpc_url)
+        return TritonStream(self._client.stream_infer(one_request()), self.grpc_url, self.detokenize)
+
+    def detokenize(self, prefix: list[int], new: list[int]) -> str:
+        """What postprocessing does to a streamed response."""
+        return chunk_text(self.tokenizer, prefix, new, self.deployment.skip_special_tokens)
 
 
 class TritonStream:
     """Chunks of one request. `cancel()` is synchronous, so it also runs in a task being cancelled (a client
     that went away): it cancels the gRPC call, Triton cancels the request and the loop stops generating."""
 
-    def __init__(self, responses: Any, url: str) -> None:
-        self._responses, self._url = responses, url
+    def __init__(self, responses: Any, url: str, detokenize: Any) -> None:
+        self._responses, self._url, self._detokenize = responses, url, detokenize
 
     def __aiter__(self) -> "TritonStream":
         return self
@@ -144,12 +190,18 @@ class TritonStream:
                 raise OpenAIError(500, f"Triton at {self._url}: {e.details()}") from None
             if error is not None:
                 raise _triton_error(error.message())
-            chunk = grpc_chunk(result, time.perf_counter())
-            if chunk is not None:
-                return chunk
+            t = time.perf_counter()
+            if result.as_numpy("output_ids") is None:
+                continue  # an empty final response
+            ids, prefix = ([int(x) for x in result.as_numpy(n).reshape(-1)] for n in ("output_ids", "prefix_ids"))
+            stats = _stats({k: result.as_numpy(k) for k in _STAT_OUTPUTS})
+            return Chunk(self._detokenize(prefix, ids), ids, t, stats)
 
     def cancel(self) -> None:
         self._responses.cancel()
+
+
+_STAT_OUTPUTS = (*STAT_FIELDS, *LIST_FIELDS)
 
 
 def _triton_error(message: str) -> OpenAIError:
