@@ -273,3 +273,33 @@ def test_a_dropped_stream_stops_its_request_in_triton(client, triton, name) -> N
     assert _counters(triton)[:2] == (requests, emitted)  # nothing keeps generating
     assert requests == requests_before + 1 and pending == 0
     assert emitted - emitted_before < 40  # the prompt counts on for 100+ tokens: cancelled, not finished
+
+
+@pytest.mark.slow
+def test_bench_through_the_openai_api(api, triton) -> None:
+    from trtspec.bench import BenchSettings, run_bench
+    from trtspec.bench.prompts import builtin_prompts
+
+    settings = BenchSettings(url=api.url.removesuffix("/v1"), api="openai", max_tokens=8, concurrency=(1,),
+                             draft_tokens=(0, 2), requests_per_cell=2, warmup=0, metrics_url=triton.endpoints.metrics)
+    run = run_bench(settings, builtin_prompts(["chat"])[:2])
+    records = [r for c in run.cells for r in c.records]
+    assert len(records) == 4 and not [r.error for r in records if r.error]
+    assert all(r.output_tokens > 0 and r.ttft_s is not None for r in records)
+    spec = [r for r in records if r.cell.speculative]
+    assert spec and all(r.stats["total_draft_tokens"] > 0 for r in spec)
+    assert run.metrics_check["status"] == "ok", run.metrics_check  # counts equal the loop's own counters
+
+
+@pytest.mark.slow
+def test_infer_chat_goes_through_the_openai_api(api) -> None:
+    from click.testing import CliRunner
+
+    from trtspec.commands import infer
+
+    result = CliRunner().invoke(infer.command, [QUESTION, "--chat", "--openai-url", api.url.removesuffix("/v1"),
+                                                "-n", str(MAX_TOKENS), "--stream", "-k", "2"])
+    assert result.exit_code == 0, result.output
+    assert "Paris" in result.output and "target calls" in result.output
+    result = CliRunner().invoke(infer.command, [QUESTION, "--chat", "--openai-url", "127.0.0.1:9"])
+    assert result.exit_code != 0 and "cannot reach the OpenAI API" in result.output
