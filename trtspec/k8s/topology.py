@@ -46,8 +46,9 @@ class Topology:
 
 
 def uses_gpus(cfg: BuildConfig) -> bool:
-    """Every flavour runs on GPUs except the reference engine placed on the CPU."""
-    return not (cfg.engine is EngineKind.reference and cfg.device == "cpu")
+    """Every flavour runs on GPUs except where the config places it on the CPU (the reference engine, or the
+    llmapi flavour's CPU stand-in)."""
+    return not (cfg.engine is not EngineKind.tensorrt_llm and cfg.device == "cpu")
 
 
 def plan_topology(cfg: BuildConfig, node_gpus: list[GPU], gpus_per_node: int | None = None) -> Topology:

@@ -121,7 +121,7 @@ class LoopModel:
             else:
                 sender.send(self._response(generated, [], last), flags=final)
         except (RequestError, io.RequestError) as e:
-            sender.send(self._error(str(e)), flags=final)
+            sender.send(self.pb.InferenceResponse(error=io.bad_request(self.pb, e)), flags=final)
         except Exception as e:  # engine failure: report it, keep serving
             sender.send(self._error(f"speculative loop: {e}"), flags=final)
 
