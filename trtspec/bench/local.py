@@ -42,6 +42,16 @@ def engine_env(cfg: BuildConfig) -> dict[str, str]:
     return {}
 
 
+def prepare_checkpoints(cfg: BuildConfig, say: Callable[[str], None]) -> None:
+    """Prepare the demo pair first when the config names it (with progress), so that generating the repository
+    does not sit silent for minutes."""
+    refs = [m.checkpoint for m in (cfg.target, cfg.draft) if m is not None]
+    if any(r.startswith("demo:") for r in refs):
+        from trtspec.demo_pair import prepare_demo_pair
+
+        prepare_demo_pair(progress=say)
+
+
 @contextlib.contextmanager
 def local_deployment(
     cfg: BuildConfig,

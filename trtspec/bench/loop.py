@@ -450,8 +450,8 @@ def hf_generate_runs(target: Any, draft: Any, prompt_ids: Sequence[list[int]], m
     return results
 
 
-def decode_cost(engine: Any, prompt: list[int], n: int, reps: int) -> float:
-    """Seconds per generated token of a ReferenceEngine (incremental decode, prefix cache warmed)."""
+def decode_cost(engine: Any, prompt: list[int], n: int, reps: int) -> tuple[float, float]:
+    """Seconds per generated token of a ReferenceEngine (incremental decode, prefix cache warmed): median, best."""
     from trtspec.reference_engine import EngineRequest
 
     engine.run(EngineRequest(list(prompt), output_len=1))  # the prompt is in the prefix cache now
@@ -463,7 +463,7 @@ def decode_cost(engine: Any, prompt: list[int], n: int, reps: int) -> float:
     return statistics.median(times), min(times)
 
 
-def model_decode_cost(model: Any, prompt: list[int], n: int, reps: int) -> float:
+def model_decode_cost(model: Any, prompt: list[int], n: int, reps: int) -> tuple[float, float]:
     """Seconds per token of bare HF incremental decoding (DynamicCache, batch 1, argmax), prompt prefilled."""
     import torch
     from transformers import DynamicCache

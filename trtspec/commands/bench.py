@@ -218,7 +218,7 @@ def _default_url(api: str, protocol: str) -> str:
 
 
 def _bench_own_server(config_path: Path, settings: Any, prompts: Sequence[Any], output: Path) -> None:
-    from trtspec.bench.local import local_deployment, server_pids
+    from trtspec.bench.local import local_deployment, prepare_checkpoints, server_pids
     from trtspec.config import ConfigError, load_config
     from trtspec.demo_pair import DemoPairError
     from trtspec.openai.backend import DeploymentError
@@ -242,7 +242,7 @@ def _bench_own_server(config_path: Path, settings: Any, prompts: Sequence[Any], 
     status = console.status("Preparing the deployment...", spinner="dots")
     status.start()
     try:
-        _prepare_checkpoints(cfg, lambda m: status.update(f"Preparing the deployment: {m}..."))
+        prepare_checkpoints(cfg, lambda m: status.update(f"Preparing the deployment: {m}..."))
         with local_deployment(cfg, log_file=output / "triton.log",
                               on_step=lambda m: status.update(f"{m[0].upper()}{m[1:]}...")) as server:
             status.stop()
@@ -268,16 +268,6 @@ def _bench_own_server(config_path: Path, settings: Any, prompts: Sequence[Any], 
         raise UserError(escape(str(e))) from None
     finally:
         status.stop()
-
-
-def _prepare_checkpoints(cfg: Any, say: Any) -> None:
-    """Prepare the demo pair first when the config names it (with progress), so that generating the repository
-    does not sit silent for minutes."""
-    refs = [m.checkpoint for m in (cfg.target, cfg.draft) if m is not None]
-    if any(r.startswith("demo:") for r in refs):
-        from trtspec.demo_pair import prepare_demo_pair
-
-        prepare_demo_pair(progress=say)
 
 
 command = bench
