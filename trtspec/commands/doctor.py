@@ -8,8 +8,8 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from trtspec.build.plan import make_plan
-from trtspec.build.preflight import describe_estimates
+from trtspec.pipeline.plan import make_plan
+from trtspec.pipeline.preflight import describe_estimates
 from trtspec.checkpoint import CheckpointError, CheckpointInfo, format_bytes, format_params
 from trtspec.commands._common import UserError, console, friendly_errors
 from trtspec.config import ConfigError, EngineKind, load_config

@@ -1,6 +1,6 @@
 """How one replica of a deployment lands on Kubernetes nodes: GPUs per pod, pods per replica, GPU product.
 
-The GPU count comes from the build's own placement (``trtspec.build.preflight.plan_placement``): the target
+The GPU count comes from the build's own placement (``trtspec.pipeline.preflight.plan_placement``): the target
 on tp x pp GPUs, the draft on its own GPUs or sharing the target's (``gpu_device_ids`` that overlap). A pod
 sees the GPUs it was given as 0..n-1, so the placement must number them without holes. A replica larger
 than one node becomes one LeaderWorkerSet group of whole nodes.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trtspec.build.preflight import plan_placement
+from trtspec.pipeline.preflight import plan_placement
 from trtspec.config import BuildConfig, EngineKind
 from trtspec.machine import GPU
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtspec.build.preflight import plan_max_num_tokens
+from trtspec.pipeline.preflight import plan_max_num_tokens
 from trtspec.config import BuildConfig, LlmapiConfig
 from trtspec.llmapi.fields import version_fields
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from trtspec.config import SpeculativeConfig
 from trtspec.llmapi.fields import version_fields
-from trtspec.loop import Chunk, LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
+from trtspec.loop import Step, LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
 from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors
 
 TARGET, DRAFT = "target", "draft"
@@ -174,7 +174,7 @@ class _EngineCall:
 @dataclass
 class _Active:
     out: RequestOutput
-    steps: Iterator[Chunk]
+    steps: Iterator[Step]
     first_iter: int
     stats: Any = None
 

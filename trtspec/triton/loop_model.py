@@ -14,7 +14,7 @@ import numpy as np
 
 from trtspec import triton_io as io
 from trtspec.contract import REQUEST_FIELDS, RequestError
-from trtspec.loop import Chunk, EngineCallError, LoopRequest, LoopSettings, SpeculativeLoop
+from trtspec.loop import Step, EngineCallError, LoopRequest, LoopSettings, SpeculativeLoop
 from trtspec.metrics import PrometheusExporter
 
 SETTINGS_PARAMETER = "loop_settings"  # the one model parameter: LoopSettings as JSON
@@ -63,7 +63,7 @@ def parse_request(pb_utils: Any, request: Any) -> LoopRequest:
     )
 
 
-def response_tensors(tokens: list[int], before: list[int], chunk: Chunk) -> dict[str, np.ndarray]:
+def response_tensors(tokens: list[int], before: list[int], chunk: Step) -> dict[str, np.ndarray]:
     out = {
         "output_ids": np.asarray(tokens, dtype=np.int32).reshape(1, -1),
         "prefix_ids": np.asarray(before[-PREFIX_WINDOW:], dtype=np.int32).reshape(1, -1),
@@ -90,7 +90,7 @@ class LoopModel:
     def finalize(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
-    def _response(self, tokens: list[int], before: list[int], chunk: Chunk) -> Any:
+    def _response(self, tokens: list[int], before: list[int], chunk: Step) -> Any:
         tensors = response_tensors(tokens, before, chunk)
         return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in tensors.items()])
 

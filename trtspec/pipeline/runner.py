@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from trtspec import __version__
-from trtspec.build.plan import Plan, Step
+from trtspec.pipeline.plan import Plan, Step
 from trtspec.checkpoint import format_bytes
 from trtspec.config import EngineKind
 

@@ -10,7 +10,7 @@ Conversion: NVIDIA's ``convert_checkpoint.py`` from the TensorRT-LLM examples sh
 It is the path NVIDIA's draft-target README uses, and its command line is stable across 0.17-1.2 and can
 be checked against the real parser in tests, unlike the Python API whose signatures (QuantConfig, Mapping,
 ``from_hugging_face`` kwargs) moved between releases. Other architectures go through
-``python -m trtspec.build.convert`` (``AutoModelForCausalLM.from_hugging_face`` + ``save_checkpoint`` per
+``python -m trtspec.pipeline.convert`` (``AutoModelForCausalLM.from_hugging_face`` + ``save_checkpoint`` per
 rank, in a child process so its memory is returned). FP8 goes through ``examples/quantization/quantize.py``
 (ModelOpt PTQ, FP8 weights *and* FP8 KV cache: an FP8 KV cache without FP8 weights silently turns off paged
 context FMHA and with it KV-cache reuse).
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trtspec import __version__
-from trtspec.build.preflight import (
+from trtspec.pipeline.preflight import (
     Finding,
     PreflightResult,
     plan_max_num_tokens,
@@ -244,7 +244,7 @@ def convert_argv(
 
 
 def _conversion_args(model_dir: Path, out: Path, m: ModelConfig) -> list[str]:
-    """The arguments convert_checkpoint.py and trtspec.build.convert share."""
+    """The arguments convert_checkpoint.py and trtspec.pipeline.convert share."""
     return [
         "--model_dir", str(model_dir),
         "--output_dir", str(out),
@@ -255,8 +255,8 @@ def _conversion_args(model_dir: Path, out: Path, m: ModelConfig) -> list[str]:
 
 
 def api_convert_argv(tools: Tools, model_dir: Path, out: Path, m: ModelConfig) -> list[str]:
-    """HF -> TensorRT-LLM checkpoint through TensorRT-LLM's Python API (trtspec.build.convert)."""
-    return [tools.python, "-m", "trtspec.build.convert", *_conversion_args(model_dir, out, m)]
+    """HF -> TensorRT-LLM checkpoint through TensorRT-LLM's Python API (trtspec.pipeline.convert)."""
+    return [tools.python, "-m", "trtspec.pipeline.convert", *_conversion_args(model_dir, out, m)]
 
 
 def quantize_argv(tools: Tools, model_dir: Path, out: Path, m: ModelConfig, export_format: str | None = None) -> list[str]:
