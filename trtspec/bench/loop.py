@@ -504,6 +504,30 @@ def verify_cost(engine: Any, context: list[int], draft: list[int], reps: int) ->
     }
 
 
+def detokenize_cost(tokenizer: Any, lengths: Sequence[int] = (64, 1024), chunk: int = 2, reps: int = 3) -> dict[str, Any]:
+    """Postprocessing's work per streamed chunk at the end of a stream of each length: decoding the chunk against
+    the whole prefix (what postprocessing was sent before) and against the loop's window of the last tokens
+    (trtspec.triton.loop_model.PREFIX_WINDOW). Real text, greedy-output-like chunks of `chunk` tokens."""
+    from trtspec.detokenize import chunk_text
+    from trtspec.triton.loop_model import PREFIX_WINDOW
+
+    text = " ".join(p.text for p in select_prompts(DEFAULT_KINDS, 2))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    while len(ids) < max(lengths) + chunk:
+        ids = ids + ids
+    out: dict[str, Any] = {"chunk_tokens": chunk, "window": PREFIX_WINDOW}
+    for n in lengths:
+        prefix, new = ids[:n], ids[n : n + chunk]
+        for name, ctx in (("whole_prefix", prefix), ("window", prefix[-PREFIX_WINDOW:])):
+            times = []
+            for _ in range(reps * 50):
+                t0 = time.perf_counter()
+                chunk_text(tokenizer, ctx, new)
+                times.append(time.perf_counter() - t0)
+            out[f"{name}_{n}_s"] = statistics.median(times)
+    return out
+
+
 def run_inprocess_phase(target_dir: Path, draft_dir: Path, prompts: Sequence[BenchPrompt], args: "LoopBenchArgs", log: Any) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer
@@ -573,6 +597,8 @@ def run_inprocess_phase(target_dir: Path, draft_dir: Path, prompts: Sequence[Ben
     }
     log(f"  verify k={args.k}: {short['median_s'] * 1e3:.1f} ms at 64, {long['median_s'] * 1e3:.1f} ms at 1024 -> x{out['verify']['ratio']:.2f}")
     out["prompt_lengths"] = {p.id: len(ids) for p, ids in zip(prompts, prompt_ids)}
+    log("detokenization cost per streamed chunk at 64 vs 1,024 output tokens")
+    out["detokenize"] = detokenize_cost(tok)
     return out
 
 
@@ -843,6 +869,19 @@ def render_report(results: dict[str, Any], kinds: Sequence[str]) -> str:
             f"(Triton's compute time of the echo model, mean: {_ms(bls['echo_compute_s'])}; for Python models it includes the "
             f"backend-to-stub hand-off, so part of every exec is counted as engine time above). Speculative overhead per iteration = "
             f"{_f(ov['in_bls_execs'], '{:.2f}')} BLS round trips; target ≤ 3 (1.5 × two) = {_ms(ov['limit_s'])}.",
+            "",
+        ]
+    d = results.get("inprocess", {}).get("detokenize")
+    if d:
+        lines += [
+            "## Streamed-chunk detokenization (postprocessing's work per chunk, median)",
+            "",
+            "| output so far | against the whole prefix | against the loop's window |",
+            "|---|---|---|",
+            *(f"| {n} tokens | {_ms(d[f'whole_prefix_{n}_s'])} | {_ms(d[f'window_{n}_s'])} |" for n in (64, 1024)),
+            "",
+            f"Chunks of {d['chunk_tokens']} tokens; the loop sends postprocessing the last {d['window']} generated tokens "
+            "as context, so a chunk's cost does not grow with the length of the stream.",
             "",
         ]
     v = results.get("inprocess", {}).get("verify")
