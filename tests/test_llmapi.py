@@ -244,3 +244,26 @@ def test_concurrent_streams_equal_their_solo_output(server):
     with ThreadPoolExecutor(8) as pool:
         together = list(pool.map(lambda p: [t for c in client.stream(p, MAX_TOKENS) for t in c.token_ids], PROMPTS))
     assert together == solo
+
+
+def test_doctor_names_the_flavours_the_installed_tensorrt_llm_runs():
+    from trtspec.commands.doctor import runnable_flavours
+    from trtspec.contract.nvidia import ENGINE_FLOW_RANGE
+
+    assert runnable_flavours(None) == ["reference", "llmapi (CPU stand-in only: no tensorrt_llm installed)"]
+    last = runnable_flavours(ENGINE_FLOW_RANGE.last)
+    assert any(f.startswith("tensorrt_llm") for f in last)
+    after = runnable_flavours(ENGINE_FLOW_RANGE.removed_in)
+    assert any(f.startswith("not tensorrt_llm") and "PyTorch backend only" in f for f in after)
+
+
+def test_llmapi_build_refuses_an_installed_version_without_field_lists(tmp_path):
+    from trtspec.machine import Machine
+    from trtspec.pipeline.preflight import PreflightResult, _check_llmapi_software
+
+    r = PreflightResult()
+    _check_llmapi_software(Machine(tensorrt_llm_version="0.9.0"), r)
+    assert [f.code for f in r.findings] == ["trtllm-version-unsupported"] and "engine: llmapi" in r.findings[0].message
+    r = PreflightResult()
+    _check_llmapi_software(Machine(tensorrt_llm_version=None), r)
+    assert [f.code for f in r.findings] == ["tensorrt-llm-missing"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from trtspec.contract.nvidia import ENGINE_FLOW_RANGE
 from trtspec.pipeline.plan import Tools, make_plan
 from trtspec.cli import cli
 from trtspec.config import ConfigError, parse_config
@@ -258,7 +259,8 @@ def test_missing_trtllm_build_and_tensorrt_llm(tmp_path, tools, models) -> None:
     m = gpu_machine("h100x1", trtllm=None, trtllm_build=False)
     pf = preflight(tmp_path, tools, H100_CFG, {"target": models["8b"], "draft": models["1b"]}, m)
     assert "trtllm-build not found" in only(pf, "trtllm-build-missing").message
-    assert "tritonserver:25.12-trtllm-python-py3" in only(pf, "trtllm-build-missing").message
+    assert f"tritonserver:{ENGINE_FLOW_RANGE.last_container}-trtllm-python-py3" in only(pf, "trtllm-build-missing").message
+    assert "engine: llmapi" in only(pf, "trtllm-build-missing").message
     assert "tensorrt_llm Python package is not installed" in only(pf, "tensorrt-llm-missing").message
 
 

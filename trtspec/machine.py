@@ -168,7 +168,7 @@ def find_tritonserver() -> Tool:
         found = locate(prepare=False)
     except TritonNotFoundError:
         return Tool(None, None, "not found (NVIDIA's tritonserver containers have it; or pip install nvidia-pytriton)")
-    version = found.version
+    version = found.version if found.kind == "system" else None  # the bundled one's is the wheel's, not Triton's
     vf = found.executable.parent.parent / "TRITON_VERSION"
     if not version and found.kind == "system" and vf.is_file():
         version = vf.read_text().strip() or None

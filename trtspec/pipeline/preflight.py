@@ -274,6 +274,8 @@ def run_preflight(
 
     if cfg.engine is EngineKind.tensorrt_llm:
         _check_software(cfg, machine, trtllm_version, r)
+    elif cfg.engine is EngineKind.llmapi and machine.software_checked:
+        _check_llmapi_software(machine, r)
     n = len(machine.gpus)
     r.placement = plan_placement(cfg, n)
     if not machine.gpus:
@@ -340,8 +342,9 @@ def _check_software(cfg: BuildConfig, machine: Machine, trtllm_version: str | No
                 "error",
                 "trtllm-build-missing",
                 f"trtllm-build not found ({machine.trtllm_build.note or 'not on PATH'}). Run the build inside "
-                "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3 (TensorRT-LLM 1.1; see docs/deploy-gpu.md), "
-                "or point TRTSPEC_TRTLLM_BUILD at it.",
+                f"nvcr.io/nvidia/tritonserver:{ENGINE_FLOW_RANGE.last_container}-trtllm-python-py3 or older "
+                f"(TensorRT-LLM {ENGINE_FLOW_RANGE.label}; see docs/deploy-gpu.md), point TRTSPEC_TRTLLM_BUILD at it, "
+                "or use engine: llmapi (no engine build).",
             )
         if installed is None:
             r.add(
@@ -383,10 +386,35 @@ def _check_software(cfg: BuildConfig, machine: Machine, trtllm_version: str | No
                 "trtllm-version-unsupported",
                 f"TensorRT-LLM {trtllm_version} is newer than {flow.last}: the TensorRT engine backend and "
                 f"trtllm-build were removed in {flow.removed_in} (PyTorch is the only backend). Use "
-                f"nvcr.io/nvidia/tritonserver:{flow.last_container}-trtllm-python-py3 (TensorRT-LLM {flow.last}).",
+                f"nvcr.io/nvidia/tritonserver:{flow.last_container}-trtllm-python-py3 (TensorRT-LLM {flow.last}), "
+                "or serve this version with engine: llmapi (its PyTorch backend, no engine build).",
             )
     elif trtllm_version is None:
         r.notes.append("TensorRT-LLM version unknown: assuming a 1.x layout (set tensorrt_llm_version to pin it)")
+
+
+def _check_llmapi_software(machine: Machine, r: PreflightResult) -> None:
+    from trtspec.llmapi.fields import supported_versions, version_fields
+
+    installed = machine.tensorrt_llm_version
+    if installed is None:
+        r.add(
+            "error",
+            "tensorrt-llm-missing",
+            "engine: llmapi on GPUs needs the tensorrt_llm package (NVIDIA's current *-trtllm-python-py3 container "
+            "has it); without it only device: cpu runs (trtspec's CPU stand-in of the LLM API)",
+        )
+        return
+    try:
+        version_fields(installed)
+    except KeyError:
+        r.add(
+            "error",
+            "trtllm-version-unsupported",
+            f"TensorRT-LLM {installed} is installed; engine: llmapi is validated against TensorRT-LLM "
+            f"{', '.join(supported_versions())} (its LLM() and speculative_config fields): use a container with "
+            + ("that version" if not ENGINE_FLOW_RANGE.contains(installed) else "that version, or engine: tensorrt_llm (this version has the engine flow)"),
+        )
 
 
 def _check_gpu_counts(cfg: BuildConfig, machine: Machine, r: PreflightResult) -> None:
