@@ -15,7 +15,7 @@ import pytest
 
 from trtspec.config import ConfigError, load_config, parse_config
 from trtspec.llmapi import model_yaml, standin
-from trtspec.llmapi.fields import runtime_names, version_fields
+from trtspec.llmapi.fields import runtime_names, supported_versions, version_fields
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "build_configs" / "demo-llmapi.yaml"
@@ -79,6 +79,19 @@ def test_generated_yaml_uses_the_pinned_spelling():
     assert sc["speculative_model"] == "/d" and sc["draft_len_schedule"] == {1: 4, 8: 2, 16: 1}
     ngram = model_yaml.speculative_config(_cfg(draft_source="ngram", ngram_max=5), None)
     assert ngram["decoding_type"] == "NGram" and ngram["max_matching_ngram_size"] == 5
+
+
+@pytest.mark.parametrize("version", supported_versions())
+def test_h100_example_model_yaml_validates_against_every_recorded_version(version):
+    cfg = load_config(ROOT / "build_configs" / GPU_EXAMPLES[0], check_paths=False)
+    doc = model_yaml.generate(cfg, Path("/t"), Path("/d"), version=version)
+    model_yaml.validate(doc, version)
+    assert doc["speculative_config"]["decoding_type"] == version_fields(version)["decoding_types"]["model"]["decoding_type"]
+
+
+def test_prerelease_line_without_field_lists_is_refused_with_the_reason():
+    with pytest.raises(KeyError, match="pre-releases only"):
+        version_fields("1.3.0rc29")
 
 
 @pytest.mark.parametrize(
