@@ -208,7 +208,7 @@ def test_greedy_output_equals_target_only(server, target_only):
         g = client.generate(prompt, MAX_TOKENS)
         assert g.token_ids == expected
         assert base.generate(prompt, MAX_TOKENS).token_ids == expected
-        assert g.stats["total_draft_tokens"] > 0 and g.stats["num_iterations"] >= 1
+        assert g.stats.total_draft_tokens > 0 and g.stats.num_iterations >= 1
 
 
 @pytest.mark.slow
@@ -225,11 +225,11 @@ def test_acceptance_in_response_and_prometheus(server):
     before = {n: _metric(server, n) for n in ("spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "spec_decode_num_requests")}
     g = _client(server).generate(PROMPTS[4], MAX_TOKENS)
     st = g.stats
-    assert 0 <= st["total_accepted_draft_tokens"] <= st["total_draft_tokens"] and st["total_draft_tokens"] > 0
-    assert abs(st["acceptance_rate"] - st["total_accepted_draft_tokens"] / st["total_draft_tokens"]) < 1e-6
+    assert 0 <= st.total_accepted_draft_tokens <= st.total_draft_tokens and st.total_draft_tokens > 0
+    assert abs(st.acceptance_rate - st.total_accepted_draft_tokens / st.total_draft_tokens) < 1e-6
     assert _metric(server, "spec_decode_num_requests") - before["spec_decode_num_requests"] == 1
-    assert _metric(server, "spec_decode_num_draft_tokens") - before["spec_decode_num_draft_tokens"] == st["total_draft_tokens"]
-    assert _metric(server, "spec_decode_num_accepted_tokens") - before["spec_decode_num_accepted_tokens"] == st["total_accepted_draft_tokens"]
+    assert _metric(server, "spec_decode_num_draft_tokens") - before["spec_decode_num_draft_tokens"] == st.total_draft_tokens
+    assert _metric(server, "spec_decode_num_accepted_tokens") - before["spec_decode_num_accepted_tokens"] == st.total_accepted_draft_tokens
 
 
 @pytest.mark.slow

@@ -287,7 +287,7 @@ def test_bench_through_the_openai_api(api, triton) -> None:
     assert len(records) == 4 and not [r.error for r in records if r.error]
     assert all(r.output_tokens > 0 and r.ttft_s is not None for r in records)
     spec = [r for r in records if r.cell.speculative]
-    assert spec and all(r.stats["total_draft_tokens"] > 0 for r in spec)
+    assert spec and all(r.stats.total_draft_tokens > 0 for r in spec)
     assert run.metrics_check["status"] == "ok", run.metrics_check  # counts equal the loop's own counters
 
 
