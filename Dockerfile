@@ -1,6 +1,13 @@
-# trtspec on NVIDIA's Triton + TensorRT-LLM container: Triton 25.12, TensorRT-LLM 1.1, TensorRT 10.13.
+# trtspec on NVIDIA's Triton + TensorRT-LLM container. One Dockerfile, two flavours, chosen by BASE:
+#
+#   engine: tensorrt_llm (trtllm-build engines + the C++ tensorrtllm backend): TensorRT-LLM 0.17.0 - 1.2.1,
+#     containers up to tritonserver:26.07-trtllm-python-py3 (the default below, 25.12, has TensorRT-LLM 1.1.0);
+#   engine: llmapi (the LLM API's PyTorch backend, no engine build): containers whose TensorRT-LLM trtspec has
+#     validated field lists for (1.2: tritonserver 26.04 - 26.07; `trtspec doctor` names the flavours the
+#     installed version runs).
 #
 #   docker build -t trtspec:25.12 .
+#   docker build -t trtspec:llmapi --build-arg BASE=nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3 .
 #   docker run --rm -it --gpus all --shm-size=2g --ulimit memlock=-1 --ulimit stack=67108864 \
 #       -v /models:/models -v $PWD/trtspec-out:/workspace/trtspec-out -p 8000-8002:8000-8002 \
 #       trtspec:25.12 build build_configs/llama-3.1-70b_llama-3.2-1b_h200_fp8.yaml
@@ -10,7 +17,8 @@
 # pinned to its installed version (a constraints file made from `pip list`), so pip adds only what is
 # missing (click, rich, pydantic, ...) and fails loudly instead of swapping torch or TensorRT-LLM for
 # another build. No `reference` extra: the container's torch/transformers serve the reference engine too.
-FROM nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3
+ARG BASE=nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3
+FROM ${BASE}
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from trtspec.build.plan import Tools, make_plan
-from trtspec.build.preflight import plan_max_num_tokens
+from trtspec.pipeline.plan import Tools, make_plan
+from trtspec.pipeline.preflight import plan_max_num_tokens
 from trtspec.cli import cli
 from trtspec.config import parse_config
 from trtspec.machine import synthetic_machine
@@ -131,7 +131,7 @@ QUANTIZE_FLAGS: dict[str, dict] = {
     "--quant_medusa_head": {"type": "flag"}, "--autoq_format": {"type": "str"}, "--auto_quantize_bits": {"type": "float"},
 }  # fmt: skip
 
-# trtspec's own converter (trtspec/build/convert.py) -- checked against its real parser below.
+# trtspec's own converter (trtspec/pipeline/convert.py) -- checked against its real parser below.
 FLAG_SETS = {"trtllm-build": TRTLLM_BUILD_FLAGS, "convert_checkpoint.py": CONVERT_CHECKPOINT_FLAGS, "quantize.py": QUANTIZE_FLAGS}
 
 
@@ -169,8 +169,8 @@ def tool_of(argv: list[str]) -> tuple[str, list[str]]:
             return "quantize.py", argv[i + 1 :]
         if a.endswith("trtllm-build"):
             return "trtllm-build", argv[i + 1 :]
-        if a == "trtspec.build.convert":
-            return "trtspec.build.convert", argv[i + 1 :]
+        if a == "trtspec.pipeline.convert":
+            return "trtspec.pipeline.convert", argv[i + 1 :]
     raise AssertionError(f"unknown tool in {argv}")
 
 
@@ -340,7 +340,7 @@ def test_old_trtllm_uses_old_examples_layout_and_other_archs_use_the_python_api(
         tensorrt_llm_version="0.17.0",
     )  # fmt: skip
     a = argvs(plan)
-    assert a["convert-target"][:3] == ["python3", "-m", "trtspec.build.convert"]
+    assert a["convert-target"][:3] == ["python3", "-m", "trtspec.pipeline.convert"]
     assert a["convert-draft"][1] == f"{EX}/llama/convert_checkpoint.py"  # before 0.18
 
 
@@ -382,7 +382,7 @@ def all_example_plans(tmp_path: Path, models) -> list:
 
 
 def test_every_flag_exists_in_the_real_parsers_with_a_valid_value(tmp_path: Path, models) -> None:
-    from trtspec.build.convert import parse_args as trtspec_convert_args
+    from trtspec.pipeline.convert import parse_args as trtspec_convert_args
 
     seen = set()
     for plan in all_example_plans(tmp_path, models):
@@ -391,7 +391,7 @@ def test_every_flag_exists_in_the_real_parsers_with_a_valid_value(tmp_path: Path
                 continue
             tool, args = tool_of(step.argv)
             seen.add(tool)
-            if tool == "trtspec.build.convert":
+            if tool == "trtspec.pipeline.convert":
                 trtspec_convert_args(args)
                 continue
             ns = check_argv(FLAG_SETS[tool], args)

@@ -21,8 +21,8 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from trtspec.build.plan import Tools, make_plan
-from trtspec.build.runner import Runner, StepFailed
+from trtspec.pipeline.plan import Tools, make_plan
+from trtspec.pipeline.runner import Runner, StepFailed
 from trtspec.cli import cli
 from trtspec.config import parse_config
 from trtspec.machine import Tool, synthetic_machine

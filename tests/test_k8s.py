@@ -23,6 +23,9 @@ GPU_EXAMPLES = {
     # config -> the node it is written for, and the GPUs one replica needs (target tp x pp + a draft GPU of its own)
     "llama-3.1-8b_llama-3.2-1b_h100.yaml": ("h100x8", 1, "NVIDIA-H100-80GB-HBM3"),
     "llama-3.1-70b_llama-3.2-1b_h200_fp8.yaml": ("h200x8", 5, "NVIDIA-H200"),
+    # llmapi: the draft runs inside the target's LLM, on the target's GPUs
+    "llama-3.1-8b_llama-3.2-1b_h100_llmapi.yaml": ("h100x8", 1, "NVIDIA-H100-80GB-HBM3"),
+    "llama-3.1-70b_llama-3.2-1b_h200_fp8_llmapi.yaml": ("h200x8", 4, "NVIDIA-H200"),
 }
 
 
@@ -52,7 +55,8 @@ def gpus(files: dict) -> int:
 
 
 def test_gpu_examples_cover_every_gpu_config():
-    gpu_configs = {p.name for p in CONFIGS.glob("*.yaml") if load_config(p, check_paths=False).engine.value != "reference"}
+    gpu_configs = {p.name for p in CONFIGS.glob("*.yaml") if load_config(p, check_paths=False).device != "cpu"
+                   and load_config(p, check_paths=False).engine.value != "reference"}
     assert gpu_configs == set(GPU_EXAMPLES)
 
 

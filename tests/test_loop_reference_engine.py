@@ -13,34 +13,17 @@ from scipy.stats import chisquare
 from conftest import loop_settings
 
 from trtspec.loop import EngineCallError, LoopRequest, LoopRequestError, SpeculativeLoop
-from trtspec.reference_engine import EngineRequest, ReferenceEngine
+from trtspec.reference_engine import EngineRequest, ReferenceEngine, request_from_tensors, result_tensors
 from trtspec.speculative import SamplingParams, probabilities
 
 
 def _engine_call(engines):
-    """Tensor-level calls like the BLS makes, decoded as the Triton adapter decodes them."""
+    """Tensor-level calls like the BLS makes, through the engine model's own request/response code."""
 
     def call(model, t, wanted):
         if model not in engines:
             raise EngineCallError(f"{model} is not ready")
-        scalar = lambda n, d=None: (t[n].reshape(-1)[0].item() if n in t else d)  # noqa: E731
-        top_p = scalar("runtime_top_p", 0.0)
-        req = EngineRequest(
-            input_ids=t["input_ids"].reshape(-1).tolist(),
-            output_len=int(scalar("request_output_len")),
-            draft_ids=t["draft_input_ids"].reshape(-1).tolist() if "draft_input_ids" in t else None,
-            draft_logits=t["draft_logits"].reshape(-1, t["draft_logits"].shape[-1]) if "draft_logits" in t else None,
-            end_id=scalar("end_id"),
-            sampling=SamplingParams(scalar("temperature", 0.0), int(scalar("runtime_top_k", 0)), top_p or 1.0),
-            seed=scalar("seed"),
-            min_tokens=int(scalar("min_tokens", 0)),
-            return_generation_logits=bool(scalar("return_generation_logits", False)),
-        )
-        r = engines[model].run(req)
-        out = {"output_ids": np.array([[r.tokens]], dtype=np.int32), "sequence_length": np.array([[len(r.tokens)]])}
-        if r.generation_logits is not None:
-            out["generation_logits"] = r.generation_logits[None, None]
-        return out
+        return result_tensors(engines[model].run(request_from_tensors(t.get)), t.get)
 
     return call
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from trtspec.build.plan import Tools, make_plan
+from trtspec.contract.nvidia import ENGINE_FLOW_RANGE
+from trtspec.pipeline.plan import Tools, make_plan
 from trtspec.cli import cli
 from trtspec.config import ConfigError, parse_config
 from trtspec.machine import GpuSpecError, Machine, Tool, machine_inventory, nvml_gpus, parse_gpu_spec, synthetic_machine
@@ -35,7 +36,7 @@ H200_CFG = "llama-3.1-70b_llama-3.2-1b_h200_fp8.yaml"
 @pytest.fixture(autouse=True)
 def plenty_of_disk(monkeypatch):
     """The disk check looks at the real filesystem; these tests plan 300 GB builds."""
-    import trtspec.build.preflight as pre
+    import trtspec.pipeline.preflight as pre
 
     monkeypatch.setattr(pre, "disk_free", lambda p: 10 << 40)
 
@@ -258,7 +259,8 @@ def test_missing_trtllm_build_and_tensorrt_llm(tmp_path, tools, models) -> None:
     m = gpu_machine("h100x1", trtllm=None, trtllm_build=False)
     pf = preflight(tmp_path, tools, H100_CFG, {"target": models["8b"], "draft": models["1b"]}, m)
     assert "trtllm-build not found" in only(pf, "trtllm-build-missing").message
-    assert "tritonserver:25.12-trtllm-python-py3" in only(pf, "trtllm-build-missing").message
+    assert f"tritonserver:{ENGINE_FLOW_RANGE.last_container}-trtllm-python-py3" in only(pf, "trtllm-build-missing").message
+    assert "engine: llmapi" in only(pf, "trtllm-build-missing").message
     assert "tensorrt_llm Python package is not installed" in only(pf, "tensorrt-llm-missing").message
 
 
@@ -271,7 +273,7 @@ def test_missing_examples_dir_names_the_env_override(tmp_path, models) -> None:
 
 @pytest.mark.parametrize(
     ("version", "text"),
-    [("1.3.0", "trtllm-build were removed after 1.2"), ("0.16.0", "older than 0.17")],
+    [("1.3.0", "trtllm-build were removed in 1.3.0"), ("0.16.0", "older than 0.17")],
 )
 def test_trtllm_version_outside_the_supported_range(tmp_path, tools, models, version, text) -> None:
     pf = preflight(
@@ -289,7 +291,7 @@ def test_pinned_version_differs_from_installed(tmp_path, tools, models) -> None:
 
 
 def test_not_enough_disk(tmp_path, tools, models, monkeypatch) -> None:
-    import trtspec.build.preflight as pre
+    import trtspec.pipeline.preflight as pre
 
     monkeypatch.setattr(pre, "disk_free", lambda p: 10 << 30)
     pf = preflight(tmp_path, tools, H100_CFG, {"target": models["8b"], "draft": models["1b"]}, gpu_machine("h100x1"))
@@ -408,7 +410,7 @@ def test_busy_gpu_is_a_warning_and_does_not_change_the_fractions(tmp_path, tools
 
 
 def test_a_draft_alone_on_its_gpu_gets_only_the_kv_it_can_use(tmp_path, tools, models) -> None:
-    from trtspec.build.preflight import _kv_tokens
+    from trtspec.pipeline.preflight import _kv_tokens
 
     pf = preflight(tmp_path, tools, H200_CFG, {"target": models["70b"], "draft": models["1b"]}, gpu_machine("h200x8"))
     assert pf.kv_fractions["target"] == 0.9 and pf.kv_fractions["draft"] < 0.9

@@ -10,6 +10,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from trtspec.contract import REQUEST_FIELDS, RESPONSE_STATS
 from trtspec.loop import LoopSettings
 from trtspec.config import parse_config
+from trtspec.contract import nvidia
 from trtspec.repository import RepositoryError, generate_repository, list_models
 
 
@@ -76,13 +77,10 @@ def test_both_flavours_declare_the_same_engine_tensors(repos):
         assert _io(ref[name]) == _io(trt[name])
     assert ref["tensorrt_llm"].backend == "python" and (repos[0] / "tensorrt_llm/1/model.py").is_file()
     assert trt["tensorrt_llm"].backend == "tensorrtllm" and not (repos[1] / "tensorrt_llm/1/model.py").exists()
-    names = {t.name for t in ref["tensorrt_llm"].input}
-    assert {"input_ids", "input_lengths", "request_output_len", "draft_input_ids", "draft_logits", "end_id",
-            "pad_id", "temperature", "runtime_top_k", "runtime_top_p", "seed", "min_tokens", "stop_words_list",
-            "return_generation_logits", "return_perf_metrics", "streaming"} <= names
-    assert {t.name for t in ref["tensorrt_llm"].output} == {
-        "output_ids", "sequence_length", "generation_logits", "acceptance_rate",
-        "total_accepted_draft_tokens", "total_draft_tokens"}
+    # exactly NVIDIA's tensorrt_llm model of the newest supported version (tests/test_contract.py: every version)
+    want = nvidia.model_io(nvidia.supported_versions()[-1], "tensorrt_llm")
+    assert [t.name for t in ref["tensorrt_llm"].input] == [t.name for t in want.inputs]
+    assert [t.name for t in ref["tensorrt_llm"].output] == [t.name for t in want.outputs]
 
 
 def test_tensorrt_llm_flavour_parameters(repos, tmp_path):

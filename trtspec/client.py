@@ -139,7 +139,7 @@ class Client:
         client = grpcclient.InferenceServerClient(self.url)
         try:
             client.start_stream(callback=lambda result, error: results.put((result, error, time.perf_counter())))
-            client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
+            client.async_stream_infer(self.model, grpc_inputs(fields), enable_empty_final_response=True)
             while True:
                 try:
                     result, error, t = results.get(timeout=self.timeout)
@@ -147,17 +147,10 @@ class Client:
                     raise ClientError(f"no response from {self.model} within {self.timeout}s") from None
                 if error is not None:
                     raise ClientError(str(error.message() if isinstance(error, InferenceServerException) else error))
-                response = result.get_response()
-                final = response.parameters.get("triton_final_response")
-                if result.as_numpy("text_output") is not None:
-                    values = {name: result.as_numpy(name) for name in ("text_output", "output_ids", *STAT_NAMES)}
-                    text = values.pop("text_output").reshape(-1)[0]
-                    yield Chunk(
-                        text.decode("utf-8") if isinstance(text, bytes) else str(text),
-                        [int(x) for x in np.asarray(values.pop("output_ids")).reshape(-1)],
-                        t,
-                        _stats(values),
-                    )
+                chunk = grpc_chunk(result, t)
+                if chunk is not None:
+                    yield chunk
+                final = result.get_response().parameters.get("triton_final_response")
                 if final is not None and final.bool_param:
                     return
         finally:
@@ -165,20 +158,36 @@ class Client:
             client.close()
 
 
+# the endpoint's input tensors and their types (an unknown field is a KeyError, i.e. a bug here)
 def grpc_inputs(fields: dict[str, Any]) -> list[Any]:
-    """Request fields (trtspec.contract names) as gRPC inputs; str is sent as UTF-8, bytes as they are."""
+    """Request fields (see `request_fields`) as gRPC InferInputs (also what tritonclient.grpc.aio takes)."""
+    return [infer_input(name, np.array([value if isinstance(value, list) else [value]], dtype=field_by_name(name).numpy))
+            for name, value in fields.items()]
+
+
+def infer_input(name: str, arr: np.ndarray) -> Any:
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import np_to_triton_dtype
 
-    inputs = []
-    for name, value in fields.items():
-        arr = np.array([value if isinstance(value, list) else [value]], dtype=field_by_name(name).numpy)
-        if arr.dtype == np.object_:
-            arr = np.vectorize(lambda s: s.encode("utf-8") if isinstance(s, str) else s, otypes=[np.object_])(arr)
-        t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
-        t.set_data_from_numpy(arr)
-        inputs.append(t)
-    return inputs
+    if arr.dtype == np.object_:
+        arr = np.vectorize(lambda s: s.encode("utf-8") if isinstance(s, str) else s, otypes=[np.object_])(arr)
+    t = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+    t.set_data_from_numpy(arr)
+    return t
+
+
+def grpc_chunk(result: Any, t: float) -> Chunk | None:
+    """One gRPC InferResult as a Chunk; None for an empty (final-flag only) response."""
+    if result.as_numpy("text_output") is None:
+        return None
+    values = {name: result.as_numpy(name) for name in ("text_output", "output_ids", *STAT_NAMES)}
+    text = values.pop("text_output").reshape(-1)[0]
+    return Chunk(
+        text.decode("utf-8") if isinstance(text, bytes) else str(text),
+        [int(x) for x in np.asarray(values.pop("output_ids")).reshape(-1)],
+        t,
+        _stats(values),
+    )
 
 
 def _chunk(body: dict[str, Any]) -> Chunk:

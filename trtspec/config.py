@@ -30,6 +30,7 @@ class _Strict(BaseModel):
 class EngineKind(str, Enum):
     tensorrt_llm = "tensorrt_llm"  # TensorRT-LLM engines served by the tensorrtllm backend (GPU)
     reference = "reference"  # the Python-backend reference engine (HF model in torch; CPU or CUDA)
+    llmapi = "llmapi"  # TensorRT-LLM's LLM API (PyTorch backend, no engine build) in trtspec's Triton model
 
 
 Dtype = Literal["float16", "bfloat16", "float32"]
@@ -100,6 +101,53 @@ class SpeculativeConfig(_Strict):
         return self
 
 
+class LlmapiConfig(_Strict):
+    """TensorRT-LLM's own load controls for `engine: llmapi` (fields of its DecodingBaseConfig and LLM())."""
+
+    max_num_tokens: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="tokens per scheduler step; default: planned like the engine flow's"
+    )
+    max_concurrency: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="speculation off above this many requests in flight"
+    )
+    draft_len_schedule: dict[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, description="batch size -> draft length, e.g. {1: 4, 8: 2, 32: 0}; must map 1 to max_draft_len"
+    )
+    acceptance_window: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="requests in the rolling mean of acceptance length (0 or unset: off)"
+    )
+    acceptance_length_threshold: Annotated[float, Field(ge=0.0)] | None = Field(
+        default=None, description="speculation off for good once the rolling mean acceptance length drops below"
+    )
+    disable_overlap_scheduler: bool = Field(
+        default=True, description="TensorRT-LLM's draft-target docs run two-model speculation without the overlap scheduler"
+    )
+    baseline_endpoint: bool = Field(
+        default=False,
+        description="also serve `baseline`, a second, target-only LLM (the target's memory twice): the in-server A/B",
+    )
+
+    @model_validator(mode="after")
+    def _window_and_threshold(self) -> "LlmapiConfig":
+        if (self.acceptance_window is None) != (self.acceptance_length_threshold is None):
+            raise ValueError(
+                "acceptance_window and acceptance_length_threshold work together: set both (or neither)"
+            )
+        return self
+
+
+# Speculative settings the llmapi flavour cannot honour: TensorRT-LLM decides the draft length per batch
+# (draft_len_schedule), samples drafts itself and has no combined n-gram + model source.
+LLMAPI_REFUSED = {
+    "num_draft_tokens": "TensorRT-LLM's LLM API has no per-request draft length; use max_draft_len and llmapi.draft_len_schedule",
+    "use_draft_logits": "TensorRT-LLM's two-model path decides rejection sampling itself; leave use_draft_logits out",
+    "draft_length_policy": "trtspec's adaptive policy runs in trtspec's loop (engine: tensorrt_llm / reference); "
+    "with llmapi use llmapi.draft_len_schedule, max_concurrency or acceptance_window",
+    "adaptive": "adaptive payoff timing runs in trtspec's loop; with llmapi use llmapi.acceptance_window/_threshold",
+    "ngram_min": "TensorRT-LLM's NGram drafter has no minimum n-gram size (only max_matching_ngram_size = ngram_max)",
+}
+
+
 class EngineLimits(_Strict):
     max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 8
     max_input_len: Annotated[int, Field(ge=1)] = 2048
@@ -138,6 +186,7 @@ class BuildConfig(_Strict):
         default=None, description="version the engines are built and served with; default: the installed one"
     )
     triton: TritonConfig = TritonConfig()
+    llmapi: LlmapiConfig | None = Field(default=None, description="engine: llmapi only: TensorRT-LLM's load controls")
 
     @field_validator("tensorrt_llm_version")
     @classmethod
@@ -157,9 +206,42 @@ class BuildConfig(_Strict):
             )
         if self.draft is not None and self.draft.quantization == "fp8" and self.engine is EngineKind.reference:
             raise ValueError(
-                "draft.quantization: fp8 needs engine: tensorrt_llm (the reference engine runs HF weights as they are)"
+                "draft.quantization: fp8 needs engine: tensorrt_llm or llmapi (the reference engine runs HF weights as they are)"
             )
+        if self.engine is EngineKind.llmapi:
+            self._check_llmapi()
+        elif self.llmapi is not None:
+            raise ValueError(f"llmapi: applies to engine: llmapi only (this config has engine: {self.engine.value})")
         return self
+
+    def _check_llmapi(self) -> None:
+        spec = self.speculative
+        refused = [f"speculative.{k}: {why}" for k, why in LLMAPI_REFUSED.items() if k in spec.model_fields_set]
+        if spec.draft_source == "hybrid":
+            refused.append(
+                "speculative.draft_source: hybrid is trtspec's loop; TensorRT-LLM speculates with one drafter "
+                "(model = DraftTarget, ngram = NGram)"
+            )
+        if self.target.quantization != "none":
+            refused.append("target.quantization: only the draft is quantized by trtspec; give an FP8 HF checkpoint as target.checkpoint instead")
+        if self.draft is not None and spec.draft_source == "model" and self.draft.world_size != 1:
+            refused.append(
+                "draft.tp_size/pp_size: with DraftTarget the draft runs inside the target's LLM with the target's mapping; "
+                "leave them at 1"
+            )
+        if refused:
+            raise ValueError("engine: llmapi cannot honour these settings:\n    " + "\n    ".join(refused))
+        lim = self.llmapi or LlmapiConfig()
+        sched = lim.draft_len_schedule
+        if sched is not None:
+            if sched.get(1) != spec.max_draft_len:
+                raise ValueError(
+                    f"llmapi.draft_len_schedule must map batch size 1 to max_draft_len ({spec.max_draft_len}); "
+                    f"got {sched.get(1)!r} (TensorRT-LLM enforces schedule[1] == max_draft_len)"
+                )
+            over = {b: k for b, k in sched.items() if k > spec.max_draft_len}
+            if over:
+                raise ValueError(f"llmapi.draft_len_schedule: draft lengths {over} exceed max_draft_len ({spec.max_draft_len})")
 
     @property
     def source_dir(self) -> Path | None:

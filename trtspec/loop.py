@@ -77,8 +77,8 @@ class LoopRequest:
 
 
 @dataclass
-class Chunk:
-    """Tokens accepted in one iteration (what a streamed response carries)."""
+class Step:
+    """One iteration of a request: the tokens it accepted (what a streamed response carries)."""
 
     new_tokens: list[int]
     generated_before: list[int]
@@ -214,8 +214,8 @@ class SpeculativeLoop:
             if self.settings.draft_model is not None or not SOURCES[name].needs_draft_model
         ]
 
-    def run(self, req: LoopRequest) -> Iterator[Chunk]:
-        """Yields one Chunk per target call (the last has final=True). Raises RequestError."""
+    def run(self, req: LoopRequest) -> Iterator[Step]:
+        """Yields one Step per target call (the last has final=True). Raises RequestError."""
         validate(req, self.settings)
         spec = self.settings.speculative
         k_req = spec.num_draft_tokens if req.num_draft_tokens is None else req.num_draft_tokens
@@ -281,6 +281,6 @@ class SpeculativeLoop:
             before = list(generated)
             generated += new
             seq += new
-            yield Chunk(new, before, stats, final=done)
+            yield Step(new, before, stats, final=done)
             if done:
                 return

@@ -10,7 +10,6 @@ checked anywhere: known SKUs carry their memory and compute capability.
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import os
 import re
 import shutil
@@ -31,7 +30,6 @@ KNOWN_GPUS: dict[str, tuple[str, int, tuple[int, int]]] = {
     "rtx4090": ("NVIDIA GeForce RTX 4090", 24564, (8, 9)),
 }
 
-TRITONSERVER_DEFAULT = Path("/opt/tritonserver/bin/tritonserver")
 
 
 class GpuSpecError(ValueError):
@@ -163,21 +161,18 @@ def tensorrt_version() -> str | None:
 
 
 def find_tritonserver() -> Tool:
-    """The system tritonserver (NVIDIA containers) or the one inside the nvidia-pytriton wheel."""
-    path = shutil.which("tritonserver") or (str(TRITONSERVER_DEFAULT) if TRITONSERVER_DEFAULT.is_file() else None)
-    if path:
-        version = os.environ.get("TRITON_SERVER_VERSION")
-        vf = Path(path).resolve().parent.parent / "TRITON_VERSION"
-        if not version and vf.is_file():
-            version = vf.read_text().strip() or None
-        return Tool(path, version, "system")
-    spec = importlib.util.find_spec("pytriton")
-    if spec is not None and spec.submodule_search_locations:
-        binary = Path(list(spec.submodule_search_locations)[0]) / "tritonserver" / "bin" / "tritonserver"
-        if binary.is_file():
-            pv = dist_version("nvidia-pytriton")
-            return Tool(str(binary), None, f"bundled with nvidia-pytriton {pv}" if pv else "bundled with nvidia-pytriton")
-    return Tool(None, None, "not found (NVIDIA's tritonserver containers have it; or pip install nvidia-pytriton)")
+    """The tritonserver `trtspec serve` would run (trtspec.server.local.find_tritonserver), without preparing it."""
+    from trtspec.server.local import TritonNotFoundError, find_tritonserver as locate
+
+    try:
+        found = locate(prepare=False)
+    except TritonNotFoundError:
+        return Tool(None, None, "not found (NVIDIA's tritonserver containers have it; or pip install nvidia-pytriton)")
+    version = found.version if found.kind == "system" else None  # the bundled one's is the wheel's, not Triton's
+    vf = found.executable.parent.parent / "TRITON_VERSION"
+    if not version and found.kind == "system" and vf.is_file():
+        version = vf.read_text().strip() or None
+    return Tool(str(found.executable), version, found.kind if found.kind == "system" else f"bundled ({found.source})")
 
 
 def find_trtllm_build() -> Tool:
@@ -189,7 +184,12 @@ def find_trtllm_build() -> Tool:
     path = shutil.which("trtllm-build")
     if path:
         return Tool(path, tensorrt_llm_version())
-    return Tool(None, None, "not on PATH (comes with TensorRT-LLM <= 1.2; use NVIDIA's *-trtllm-python-py3 container)")
+    from trtspec.contract.nvidia import ENGINE_FLOW_RANGE as flow
+
+    return Tool(
+        None, None, f"not on PATH (comes with TensorRT-LLM {flow.first} - {flow.last}; use NVIDIA's "
+        f"tritonserver:{flow.last_container}-trtllm-python-py3 container or older)"
+    )
 
 
 def disk_free(path: str | Path) -> int | None:

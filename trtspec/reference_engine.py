@@ -1,12 +1,22 @@
 """The reference engine: a Hugging Face causal LM with the semantics of TensorRT-LLM's executor.
 
 One call = one TensorRT-LLM request:
-  * without draft tokens: generate up to `output_len` tokens (greedy or sampled), honouring
-    end_id, min_tokens, stop and bad words; optionally return the generation logits;
+  * without draft tokens: generate up to `output_len` tokens (greedy or sampled);
   * with draft tokens: verify all of them in ONE forward pass over sequence + draft and return
     the accepted prefix plus one target token (greedy comparison, token comparison under
     sampling, or rejection sampling against the draft's logits).
-The output always includes the input (exclude_input_in_output = false), as the loop expects.
+
+What TensorRT-LLM's executor does, this does (the reasons are cited where they are applied):
+  * the end token ends the sequence and is never part of the output or of its length
+    (externalDraftTokensKernels.cu: "Do not increase seq len when EOS is generated"): a verify whose
+    next target token is the end token returns the input plus the accepted prefix only, and one whose
+    first token is the end token returns the input unchanged; stop words stay in the output;
+  * the logits of each step go through penaltyKernels.cu's order: + embedding_bias, x / temperature,
+    then for every token already in prompt + output: repetition (divide a positive logit, multiply a
+    negative one), presence (subtract once), frequency (subtract count x penalty); then the end token
+    is masked while fewer than min_tokens were generated; then bad words are masked; then top-k/top-p;
+  * output log probs are log-softmax of those processed logits at the chosen token (full vocabulary);
+    generation and context logits are the model's raw logits, as the engine gathers them.
 
 Prefix KV-cache reuse plays the role of TensorRT-LLM's enable_kv_cache_reuse: the loop resends
 the whole running sequence every iteration, so each call only computes the tokens that are new
@@ -16,11 +26,13 @@ since the longest cached prefix.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -36,6 +48,41 @@ from trtspec.speculative import (
 )
 
 
+# TensorRT-LLM inputs this engine cannot honour, with what they would do: a request carrying one is refused
+# with its name, never served as if it were absent. Values that change nothing are accepted (see DEFAULTS).
+UNSUPPORTED_INPUTS: dict[str, str] = {
+    **dict.fromkeys(("lora_task_id", "lora_weights", "lora_config"), "LoRA adapters"),
+    **dict.fromkeys(("prompt_embedding_table", "prompt_vocab_size", "prompt_table_extra_ids"), "prompt tuning tables"),
+    **dict.fromkeys(
+        ("encoder_input_features", "encoder_output_lengths", "decoder_input_ids", "decoder_input_lengths",
+         "cross_attention_mask", "skip_cross_attn_blocks"),
+        "encoder-decoder / multimodal inputs",
+    ),
+    **dict.fromkeys(("mrope_rotary_cos_sin", "mrope_position_deltas"), "multimodal rotary embeddings"),
+    **dict.fromkeys(("guided_decoding_guide_type", "guided_decoding_guide"), "guided decoding"),
+    **dict.fromkeys(
+        ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size"), "lookahead decoding"
+    ),
+    "context_phase_params": "disaggregated serving",
+    "draft_acceptance_threshold": "a fixed acceptance threshold for draft logits",
+}
+
+# Inputs whose TensorRT-LLM default leaves the output unchanged: accepted at that value, refused otherwise.
+# beam_width / num_return_sequences 1 is the only mode here; len_penalty, early_stopping and
+# beam_search_diversity_rate only act in beam search, so at beam width 1 they change nothing (as in the
+# executor); the top-p decay inputs' defaults are executor.h's.
+DEFAULTS: dict[str, float] = {
+    "beam_width": 1,
+    "num_return_sequences": 1,
+    "runtime_top_p_min": 1e-6,
+    "runtime_top_p_decay": 1.0,
+    "runtime_top_p_reset_ids": -1,
+}
+
+# The KV-cache accounting unit for the kv_cache_* outputs: trtllm-build's default tokens_per_block.
+TOKENS_PER_BLOCK = 32
+
+
 @dataclass
 class EngineRequest:
     input_ids: list[int]
@@ -48,17 +95,38 @@ class EngineRequest:
     min_tokens: int = 0
     stop_words: list[list[int]] = field(default_factory=list)
     bad_words: list[list[int]] = field(default_factory=list)
+    embedding_bias: np.ndarray | None = None  # [V], added to the logits
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     return_generation_logits: bool = False
+    return_context_logits: bool = False
+    return_log_probs: bool = False
 
 
 @dataclass
 class EngineResult:
-    tokens: list[int]  # input + new tokens
+    tokens: list[int]  # input + new tokens (the end token is never among them)
+    input_len: int = 0
     generation_logits: np.ndarray | None = None  # [new, V] raw logits of the generated positions
+    context_logits: np.ndarray | None = None  # [input_len, V] raw logits of the input positions
+    log_probs: list[float] | None = None  # per new token, of the processed distribution
     num_draft_tokens: int = 0
     num_accepted: int = 0
     reused_tokens: int = 0  # how many input tokens came from the prefix cache
     computed_tokens: int = 0
+    first_token_ns: int = 0  # time.monotonic_ns() (the executor's steady clock) when the first token was known
+    last_token_ns: int = 0
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.tokens[self.input_len :]
+
+    def kv_blocks(self) -> tuple[int, int, int]:
+        """(newly allocated, reused, total) KV blocks of TOKENS_PER_BLOCK for this request's sequence."""
+        total = -(-len(self.tokens) // TOKENS_PER_BLOCK)
+        reused = self.reused_tokens // TOKENS_PER_BLOCK
+        return total - reused, reused, total
 
 
 class PrefixCache:
@@ -242,71 +310,251 @@ class ReferenceEngine:
         return np.random.default_rng([int(req.seed), len(req.input_ids), kind, self.salt])
 
     @staticmethod
-    def _mask(logits: np.ndarray, context: Sequence[int], req: EngineRequest, generated: int) -> np.ndarray:
+    def _process(raw: np.ndarray, context: Sequence[int], req: EngineRequest, generated: int) -> np.ndarray:
+        """The logits the executor samples from, in penaltyKernels.cu's order (module docstring)."""
+        x = np.array(raw, dtype=np.float32)
+        if req.embedding_bias is not None:
+            x += req.embedding_bias
+        if req.sampling.temperature > 0:  # unset (0 here) is TensorRT-LLM's default 1.0
+            x /= np.float32(req.sampling.temperature)
+        rep, pres, freq = req.repetition_penalty, req.presence_penalty, req.frequency_penalty
+        if rep not in (None, 1.0) or pres or freq:
+            ids, counts = np.unique(np.asarray(context, dtype=np.int64), return_counts=True)
+            keep = ids < len(x)
+            ids, counts = ids[keep], counts[keep]
+            v = x[ids]
+            if rep not in (None, 1.0):
+                v = np.where(v < 0, v * rep, v / rep)
+            if pres:
+                v = v - pres
+            if freq:
+                v = v - freq * counts
+            x[ids] = v
         banned = [w[-1] for w in req.bad_words if w and list(context[len(context) - len(w) + 1 :]) == list(w[:-1])]
         if req.end_id is not None and generated < req.min_tokens:
             banned.append(req.end_id)
+        banned = [b for b in banned if 0 <= b < len(x)]
         if banned:
-            logits = logits.copy()
-            logits[[b for b in banned if 0 <= b < len(logits)]] = -np.inf
-        return logits
+            x[banned] = -np.inf
+        return x
+
+    @staticmethod
+    def _sampling(req: EngineRequest) -> SamplingParams:
+        """Temperature is already in the processed logits: what is left is top-k/top-p (or greedy)."""
+        return req.sampling if req.sampling.greedy else dataclasses.replace(req.sampling, temperature=1.0)
+
+    @staticmethod
+    def _log_prob(row: np.ndarray, token: int) -> float:
+        finite = row[np.isfinite(row)]
+        m = finite.max()
+        return float(row[token] - m - np.log(np.exp(finite - m).sum()))
 
     # ------------------------------------------------------------------ the two request kinds
 
     def run(self, req: EngineRequest) -> EngineResult:
         if not req.input_ids:
             raise ValueError("input_ids is empty")
+        if req.embedding_bias is not None and req.embedding_bias.shape != (self.vocab_size,):
+            raise ValueError(f"embedding_bias must hold one value per vocabulary entry ({self.vocab_size}), got shape {req.embedding_bias.shape}")
         if req.draft_ids:
             return self._verify(req)
         return self._generate(req)
 
     def _generate(self, req: EngineRequest) -> EngineResult:
         rng = self._rng(req)
+        n_in = len(req.input_ids)
         tokens = list(req.input_ids)
+        result = EngineResult(tokens, input_len=n_in)
         logits_rows: list[np.ndarray] = []
-        reused, computed = 0, 0
+        log_probs: list[float] = []
+        sampling = self._sampling(req)
         for step in range(req.output_len):
-            logits, cache, reuse, n_computed = self._forward(tokens)
+            need = n_in if step == 0 and req.return_context_logits else 1
+            logits, cache, reuse, n_computed = self._forward(tokens, need_logits=need)
             if step == 0:
-                reused = reuse
-            computed += n_computed
-            row = self._mask(logits[-1].cpu().numpy(), tokens, req, step)
+                result.reused_tokens = reuse
+                if req.return_context_logits:
+                    result.context_logits = logits.cpu().numpy().astype(np.float32)
+            result.computed_tokens += n_computed
+            raw = logits[-1].cpu().numpy()
             self.cache.put(list(tokens), cache)
             if req.return_generation_logits:
-                logits_rows.append(row)
-            t = int(row.argmax()) if req.sampling.greedy else sample(probabilities(row, req.sampling), rng)
-            tokens.append(t)
+                logits_rows.append(raw)
+            row = self._process(raw, tokens, req, step)
+            t = int(row.argmax()) if sampling.greedy else sample(probabilities(row, sampling), rng)
+            result.last_token_ns = time.monotonic_ns()
+            result.first_token_ns = result.first_token_ns or result.last_token_ns
             if req.end_id is not None and t == req.end_id:
+                break  # the end token is not output and not counted
+            tokens.append(t)
+            log_probs.append(self._log_prob(row, t))
+            if req.stop_words and find_stop(tokens, req.stop_words, start=n_in) is not None:
                 break
-            if req.stop_words and find_stop(tokens, req.stop_words, start=len(req.input_ids)) is not None:
-                break
-        gen_logits = np.stack(logits_rows).astype(np.float32) if logits_rows else None
-        return EngineResult(tokens, gen_logits, reused_tokens=reused, computed_tokens=computed)
+        if logits_rows:
+            result.generation_logits = np.stack(logits_rows).astype(np.float32)
+        if req.return_log_probs:
+            result.log_probs = log_probs
+        return result
 
     def _verify(self, req: EngineRequest) -> EngineResult:
         seq, draft = list(req.input_ids), [int(t) for t in req.draft_ids or []]
         k = len(draft)
-        logits, cache, reuse, n_computed = self._forward(seq + draft, need_logits=k + 1)
+        need = len(seq) + k if req.return_context_logits else k + 1
+        logits, cache, reuse, n_computed = self._forward(seq + draft, need_logits=need)
         self.cache.put(seq + draft, cache, committed=len(seq))
-        rows = logits[-(k + 1) :].cpu().numpy()
-        rows = np.stack([self._mask(rows[i], seq + draft[:i], req, i) for i in range(k + 1)])
-        if req.sampling.greedy:
+        all_rows = logits.cpu().numpy()
+        raw = all_rows[-(k + 1) :]
+        rows = np.stack([self._process(raw[i], seq + draft[:i], req, i) for i in range(k + 1)])
+        sampling = self._sampling(req)
+        if sampling.greedy:
             v = verify_greedy(draft, rows.argmax(axis=-1).tolist())
         else:
             rng = self._rng(req)
-            p = probabilities(rows, req.sampling)
+            p = probabilities(rows, sampling)
             if req.draft_logits is not None and len(req.draft_logits) >= k:
                 q = probabilities(np.asarray(req.draft_logits[-k:], dtype=np.float64), req.sampling)
                 v = verify_rejection(draft, q, p, rng)
             else:
                 v = verify_by_target_sample(draft, p, rng)
         new = v.tokens
-        if req.end_id is not None and req.end_id in new:  # nothing is generated after the end token
-            new = new[: new.index(req.end_id) + 1]
+        if req.end_id is not None and req.end_id in new:  # the end token ends the sequence, unoutput
+            new = new[: new.index(req.end_id)]
+        now = time.monotonic_ns()
         return EngineResult(
             seq + new,
+            input_len=len(seq),
+            generation_logits=raw[: len(new)].astype(np.float32) if req.return_generation_logits and new else None,
+            context_logits=all_rows[: len(seq)].astype(np.float32) if req.return_context_logits else None,
+            log_probs=[self._log_prob(rows[i], t) for i, t in enumerate(new)] if req.return_log_probs else None,
             num_draft_tokens=k,
             num_accepted=v.num_accepted,
             reused_tokens=reuse,
             computed_tokens=n_computed,
+            first_token_ns=now,
+            last_token_ns=now,
         )
+
+
+# ------------------------------------------------------------------ the tensor contract
+
+TensorGetter = Callable[[str], "np.ndarray | None"]
+
+
+class RequestTensorError(ValueError):
+    """A request whose tensors cannot be served; the message is for the client."""
+
+
+def request_from_tensors(get: TensorGetter, max_input_len: int | None = None) -> EngineRequest | None:
+    """An EngineRequest from the tensorrtllm backend's input tensors (`get(name)` -> array or None); None for a
+    `stop` request (NVIDIA's BLS cancels that way; requests here run to completion one at a time, so nothing is
+    in flight to cancel). Inputs the reference engine cannot honour are refused by name."""
+
+    def scalar(name: str, default: Any = None) -> Any:
+        a = get(name)
+        return default if a is None or a.size == 0 else a.reshape(-1)[0].item()
+
+    def words(name: str) -> list[list[int]]:
+        from trtspec.triton_io import words_list
+
+        return words_list(get(name))
+
+    if scalar("stop", False):
+        return None
+    if scalar("streaming", False):
+        raise RequestTensorError(
+            "streaming=true needs a decoupled model; the reference engine (like tensorrt_llm deployed with "
+            "decoupled_mode false) answers once: send streaming=false"
+        )
+    for name, what in UNSUPPORTED_INPUTS.items():
+        if get(name) is not None:
+            raise RequestTensorError(f"{name}: {what} are not supported by the reference engine; leave {name} out")
+    for name, default in DEFAULTS.items():
+        v = scalar(name)
+        if v is not None and not np.isclose(float(v), default):
+            raise RequestTensorError(f"{name}={v}: the reference engine only serves {name}={default:g} (TensorRT-LLM's default)")
+    ids = get("input_ids")
+    input_ids = [] if ids is None else ids.reshape(-1).astype(np.int64).tolist()
+    input_ids = input_ids[: int(scalar("input_lengths", len(input_ids)))]
+    if not input_ids:
+        raise RequestTensorError("input_ids is empty")
+    if max_input_len and len(input_ids) > max_input_len:
+        raise RequestTensorError(f"input length {len(input_ids)} exceeds max_input_len {max_input_len}")
+    output_len = int(scalar("request_output_len", 0))
+    if output_len <= 0:
+        raise RequestTensorError(f"request_output_len must be > 0, got {output_len}")
+    draft = get("draft_input_ids")
+    draft_ids = None if draft is None else draft.reshape(-1).astype(np.int64).tolist()
+    draft_logits = get("draft_logits")
+    if draft_logits is not None:
+        draft_logits = draft_logits.reshape(-1, draft_logits.shape[-1])
+    bias = get("embedding_bias")
+    top_p = float(scalar("runtime_top_p", 0.0))
+    return EngineRequest(
+        input_ids=input_ids,
+        output_len=output_len,
+        draft_ids=draft_ids or None,
+        draft_logits=draft_logits,
+        end_id=scalar("end_id"),
+        sampling=SamplingParams(
+            temperature=float(scalar("temperature", 0.0)),
+            top_k=int(scalar("runtime_top_k", 0)),
+            top_p=top_p if top_p > 0 else 1.0,
+        ),
+        seed=scalar("seed", scalar("random_seed")),  # the name depends on the TensorRT-LLM version (contract data)
+        min_tokens=int(scalar("min_tokens", scalar("min_length", 0))),
+        stop_words=words("stop_words_list"),
+        bad_words=words("bad_words_list"),
+        embedding_bias=None if bias is None else bias.reshape(-1).astype(np.float32),
+        repetition_penalty=scalar("repetition_penalty"),
+        presence_penalty=scalar("presence_penalty"),
+        frequency_penalty=scalar("frequency_penalty"),
+        return_generation_logits=bool(scalar("return_generation_logits", False)),
+        return_context_logits=bool(scalar("return_context_logits", False)),
+        return_log_probs=bool(scalar("return_log_probs", False)),
+    )
+
+
+def result_tensors(
+    result: EngineResult, get: TensorGetter, exclude_input_default: bool = False, arrival_ns: int = 0, scheduled_ns: int = 0
+) -> dict[str, np.ndarray]:
+    """The tensorrtllm backend's output tensors for one result (beam width 1), as its fillTritonResponse returns
+    them (model_instance_state.cc): an output the request did not enable is left out, not zeroed."""
+
+    def flag(name: str, default: bool = False) -> bool:
+        a = get(name)
+        return default if a is None or a.size == 0 else bool(a.reshape(-1)[0])
+
+    def t(value: Any, dtype: Any) -> np.ndarray:
+        return np.asarray(value, dtype=dtype)
+
+    exclude = flag("exclude_input_in_output", exclude_input_default)
+    tokens = t(result.new_tokens if exclude else result.tokens, np.int32)
+    out = {"output_ids": tokens.reshape(1, 1, -1), "sequence_length": t([[len(tokens)]], np.int32)}
+    if result.generation_logits is not None:
+        out["generation_logits"] = t(result.generation_logits[None, None], np.float32)
+    if result.context_logits is not None:
+        out["context_logits"] = t(result.context_logits[None], np.float32)
+    if result.log_probs is not None:
+        out["output_log_probs"] = t(np.reshape(result.log_probs, (1, 1, -1)), np.float32)
+        out["cum_log_probs"] = t([[sum(result.log_probs)]], np.float32)
+    if flag("return_perf_metrics"):
+        k, a = result.num_draft_tokens, result.num_accepted
+        new_blocks, reused_blocks, total_blocks = result.kv_blocks()
+        for name, value, dtype in (
+            ("kv_cache_alloc_new_blocks", new_blocks, np.int32),
+            ("kv_cache_reused_blocks", reused_blocks, np.int32),
+            ("kv_cache_alloc_total_blocks", total_blocks, np.int32),
+            ("arrival_time_ns", arrival_ns, np.int64),
+            ("first_scheduled_time_ns", scheduled_ns, np.int64),
+            ("first_token_time_ns", result.first_token_ns, np.int64),
+            ("last_token_time_ns", result.last_token_ns, np.int64),
+            ("acceptance_rate", a / k if k else 0.0, np.float32),
+            ("total_accepted_draft_tokens", a, np.int32),
+            ("total_draft_tokens", k, np.int32),
+        ):
+            out[name] = t([[value]], dtype)
+    if flag("return_num_input_tokens"):
+        out["num_input_tokens"] = t([[result.input_len]], np.int32)
+    if flag("return_num_output_tokens"):
+        out["num_output_tokens"] = t([[len(result.new_tokens)]], np.int32)
+    return out

@@ -11,6 +11,9 @@ Repository (reference or tensorrt_llm flavour):
   speculative, baseline_loop         the speculative loop (token ids in and out), and target-only
   ensemble, baseline                 the text endpoints: tokenizer + the same loop + detokenizer in one
                                      decoupled model (so a client's cancellation reaches the loop)
+
+Repository (llmapi flavour, trtspec.llmapi.repository): `ensemble` hosts TensorRT-LLM's LLM (speculation
+inside it), `baseline` a second, target-only LLM when llmapi.baseline_endpoint is set.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trtspec.config import BuildConfig, EngineKind, checkpoint_path
-from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_STATS
+from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_STATS, nvidia
 from trtspec.loop import LoopSettings
 from trtspec.triton.loop_model import settings_parameter
 
@@ -85,8 +88,8 @@ def loop_io(config: mc.ModelConfig) -> None:
     _stat_outputs(config)
 
 
-def ensemble_io(config: mc.ModelConfig) -> None:
-    """The text endpoint's declared tensors (the interface of NVIDIA's ensemble), from trtspec.contract."""
+def endpoint_io(config: mc.ModelConfig) -> None:
+    """A text endpoint's declared tensors (the interface of NVIDIA's ensemble; any flavour), from trtspec.contract."""
     for f in REQUEST_FIELDS:
         _add_tensor(config.input, f.name, f.dtype, f.dims, optional=not f.required)
     _add_tensor(config.output, "text_output", "STRING", (1,))
@@ -107,19 +110,29 @@ def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_
     )
 
 
-def _version_tuple(v: str | None) -> tuple[int, int]:
-    if not v:
-        return (1, 1)
-    major, minor = v.split(".")[:2]
-    return int(major), int(minor)
+def engine_io(config: mc.ModelConfig, trtllm_version: str | None) -> mc.ModelConfig:
+    """Declare exactly the inputs/outputs of NVIDIA's `tensorrt_llm` model for `trtllm_version` (its contract
+    data; the newest supported one when unset): tensor names such as min_length/min_tokens come from there."""
+    try:
+        contract = nvidia.model_io(nvidia.version_for(trtllm_version), TARGET)
+    except ValueError as e:
+        raise RepositoryError(f"tensorrt_llm_version: {e}") from None
+    del config.input[:]
+    del config.output[:]
+    for t in contract.inputs:
+        t.to_pb(config.input.add())
+    for t in contract.outputs:
+        t.to_pb(config.output.add())
+    return config
 
 
 LEGACY_ENGINE_NAMES = {"min_tokens": "min_length", "seed": "random_seed"}
 
 
 def legacy_tensor_names(trtllm_version: str | None) -> bool:
-    """TensorRT-LLM before 0.20 names min_tokens `min_length` and seed `random_seed`."""
-    return _version_tuple(trtllm_version) < (0, 20)
+    """TensorRT-LLM before 0.20 names min_tokens `min_length` and seed `random_seed` (from the contract data)."""
+    io = nvidia.model_io(nvidia.version_for(trtllm_version), TARGET)
+    return any(t.name == "min_length" for t in io.inputs)
 
 
 class _Writer:
@@ -150,7 +163,7 @@ def _engine_config(
     kv_fraction: float | None,
 ) -> mc.ModelConfig:
     model = getattr(cfg, role)
-    config = load_template(TARGET)
+    config = engine_io(load_template(TARGET), trtllm_version)
     config.name = name
     config.instance_group[0].count = model.instance_count
     if cfg.engine is EngineKind.reference:
@@ -165,6 +178,7 @@ def _engine_config(
             kv_cache_entries=2 * cfg.limits.max_batch_size,
             max_input_len=cfg.limits.max_input_len,
             use_draft_vocab=role == "draft",  # a draft checkpoint's draft_vocab.json, if it has one
+            exclude_input_in_output=False,  # the loop reads the whole sequence back, as NVIDIA's BLS does
         )
         return config
     if engine_dir is None:
@@ -177,9 +191,6 @@ def _engine_config(
         kv_cache_free_gpu_mem_fraction=kv_fraction if kv_fraction is not None else 0.5,
         max_beam_width=1,
     )
-    if legacy_tensor_names(trtllm_version):
-        for tensor in config.input:
-            tensor.name = LEGACY_ENGINE_NAMES.get(tensor.name, tensor.name)
     return config
 
 
@@ -204,7 +215,14 @@ def generate_repository(
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     try:
-        _write_models(cfg, partial, version, fractions, target_engine_dir, draft_engine_dir)
+        if cfg.engine is EngineKind.llmapi:
+            from trtspec.llmapi.repository import write_llmapi_models
+
+            w = _Writer(cfg, partial)
+            write_llmapi_models(cfg, partial, w.write, load_template(TEXT), draft_dir=draft_engine_dir,
+                                version=version, kv_fraction=fractions.get("target"))
+        else:
+            _write_models(cfg, partial, version, fractions, target_engine_dir, draft_engine_dir)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)  # nothing half-written is left looking finished
         raise
@@ -240,8 +258,7 @@ def _write_models(
     w.write(w.batch(_engine_config(cfg, "target", TARGET, target_engine_dir, version, fractions.get("target"))), engine_py)
     if cfg.draft is not None and uses_model:
         w.write(w.batch(_engine_config(cfg, "draft", DRAFT, draft_engine_dir, version, fractions.get("draft"))), engine_py)
-    legacy = cfg.engine is EngineKind.tensorrt_llm and legacy_tensor_names(version)
-    aliases = LEGACY_ENGINE_NAMES if legacy else {}
+    aliases = LEGACY_ENGINE_NAMES if legacy_tensor_names(version) else {}
     for loop_name, baseline in ((LOOP, False), (BASELINE_LOOP, True)):
         c = w.batch(load_template(LOOP))
         c.name = loop_name
@@ -254,7 +271,7 @@ def _write_models(
         c = w.batch(load_template(TEXT))
         c.name = name
         c.instance_group[0].count = cfg.triton.speculative_instance_count if not baseline else 1
-        ensemble_io(c)
+        endpoint_io(c)
         settings = loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases)
         _set_params(c, tokenizer_dir=tokenizer_dir, **settings_parameter(settings))
         w.write(c, TEMPLATES / TEXT / "1" / "model.py")
@@ -262,7 +279,6 @@ def _write_models(
 
 def list_models(repo: Path) -> dict[str, mc.ModelConfig]:
     """Every model of a repository, parsed (used by `serve` and the tests)."""
-    out = {}
-    for cfg_path in sorted(Path(repo).glob("*/config.pbtxt")):
-        out[cfg_path.parent.name] = text_format.Parse(cfg_path.read_text(), mc.ModelConfig())
-    return out
+    from trtspec.server.launch import read_repository
+
+    return {m.path.name: m.config for m in read_repository(repo) if m.config is not None}

@@ -282,3 +282,34 @@ def speedup_bound(alpha: float, k: int, cost_ratio: float) -> float:
     if alpha >= 1.0:
         return (k + 1) / (k * cost_ratio + 1)
     return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * cost_ratio + 1))
+
+
+def tokens_per_call(alpha: float, k: int) -> float:
+    """Expected tokens per target call with k drafts of i.i.d. acceptance alpha: sum_{i=0..k} alpha^i."""
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def solve_alpha(tau: float, k: int, tol: float = 1e-12) -> float | None:
+    """The alpha in [0, 1] with tokens_per_call(alpha, k) == tau (bisection; the function is increasing).
+
+    tau <= 1 gives 0, tau >= k + 1 gives 1; k == 0 gives None (no draft, alpha is not defined)."""
+    if k <= 0:
+        return None
+    if tau <= 1.0:
+        return 0.0
+    if tau >= k + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if tokens_per_call(mid, k) < tau:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < tol:
+            break
+    return (lo + hi) / 2

@@ -13,6 +13,18 @@ import numpy as np
 from trtspec.contract import RequestError  # noqa: F401  (re-exported: the models catch io.RequestError)
 
 
+# Error messages of bad requests start with this, so that a frontend (the OpenAI server) can tell the client's
+# mistakes (HTTP 400) from failures of the deployment (500): Triton's streamed errors carry only a message.
+BAD_REQUEST = "bad request: "
+
+
+def bad_request(pb_utils: Any, error: Exception) -> Any:
+    """The TritonError for a bad request (INVALID_ARG where the Python backend has codes)."""
+    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    message = f"{BAD_REQUEST}{error}"
+    return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+
+
 def tensor(pb_utils: Any, request: Any, name: str) -> np.ndarray | None:
     t = pb_utils.get_input_tensor_by_name(request, name)
     return None if t is None else t.as_numpy()

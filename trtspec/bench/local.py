@@ -42,6 +42,16 @@ def engine_env(cfg: BuildConfig) -> dict[str, str]:
     return {}
 
 
+def prepare_checkpoints(cfg: BuildConfig, say: Callable[[str], None]) -> None:
+    """Prepare the demo pair first when the config names it (with progress), so that generating the repository
+    does not sit silent for minutes."""
+    refs = [m.checkpoint for m in (cfg.target, cfg.draft) if m is not None]
+    if any(r.startswith("demo:") for r in refs):
+        from trtspec.demo_pair import prepare_demo_pair
+
+        prepare_demo_pair(progress=say)
+
+
 @contextlib.contextmanager
 def local_deployment(
     cfg: BuildConfig,
@@ -49,6 +59,7 @@ def local_deployment(
     log_file: Path | None = None,
     ready_timeout: float = 600.0,
     on_step: Callable[[str], None] | None = None,
+    prepare: Callable[[Path], None] | None = None,
 ) -> Iterator[TritonServer]:
     """Generate ``cfg``'s repository (reference engine only: TensorRT-LLM engines need `trtspec build`), start
     Triton, wait until every model is loaded, yield the server; stop it and remove the repository after."""
@@ -63,6 +74,8 @@ def local_deployment(
     try:
         step("writing the model repository")
         repo = generate_repository(cfg, tmp / "model_repository")
+        if prepare is not None:  # e.g. the loop benchmark's probe models
+            prepare(repo)
         options = ServerOptions(
             repo,
             http_port="auto",

@@ -12,7 +12,7 @@ import re
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from trtspec.contract import RESPONSE_STATS
@@ -20,6 +20,8 @@ from trtspec.metrics import EMITTED_COUNTER, REQUESTS_COUNTER, SpecStats
 
 # endpoint -> the model that counts its requests: the text endpoints run the loop in-process and count their own
 LOOP_MODEL = {"ensemble": "ensemble", "baseline": "baseline"}
+# the OpenAI API sends token ids to the loop models themselves, which count its requests
+OPENAI_LOOP_MODEL = {"ensemble": "speculative", "baseline": "baseline_loop"}
 
 # counter -> the per-request quantity it must equal the sum of (a statistic of trtspec.contract, or these two)
 COUNTERS = {REQUESTS_COUNTER: "requests", EMITTED_COUNTER: "output_tokens"} | {
@@ -91,12 +93,12 @@ def per_position(samples: Mapping[Sample, float], name: str, model: str) -> dict
     return out
 
 
-def expected_counts(requests: Iterable[Any]) -> dict[str, dict[str, Any]]:
+def expected_counts(requests: Iterable[Any], labels: Mapping[str, str] = LOOP_MODEL) -> dict[str, dict[str, Any]]:
     """Sum of the final per-response stats of the successful requests, per loop model."""
     by_model: dict[str, list[Any]] = {}
     for r in requests:
         if r.error is None:
-            by_model.setdefault(LOOP_MODEL[r.endpoint], []).append(r)
+            by_model.setdefault(labels[r.endpoint], []).append(r)
     out: dict[str, dict[str, Any]] = {}
     for model, recs in by_model.items():
         total = SpecStats.total(r.stats for r in recs)
@@ -110,6 +112,7 @@ def expected_counts(requests: Iterable[Any]) -> dict[str, dict[str, Any]]:
 @dataclass
 class CrossCheck:
     url: str
+    labels: Mapping[str, str] = field(default_factory=lambda: dict(LOOP_MODEL))  # endpoint -> counting model
     before: dict[Sample, float] | None = None
     error: str | None = None
 
@@ -127,7 +130,7 @@ class CrossCheck:
         if self.before is None:
             result["reason"] = self.error or "not scraped"
             return result
-        expected = expected_counts(requests)
+        expected = expected_counts(requests, self.labels)
         if not expected:
             result.update(status="skipped", reason="no successful request to check")
             return result

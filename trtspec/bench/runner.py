@@ -7,6 +7,10 @@ counted from the ids, never from text chunks), the final acceptance statistics t
 client's own overhead: the time between a response arriving and the client asking for the next one (the
 client library's decoding plus this module's bookkeeping; see ``_one_request``).
 
+With ``api="openai"`` the requests go through the OpenAI-compatible API of `trtspec serve` (streamed completions
+to ``<name>`` and ``<name>-baseline``, the token ids of each chunk returned with ``return_token_ids`` and checked
+against ``usage``), so what is measured includes that server.
+
 ``num_draft_tokens`` 0 is the target-only ``baseline`` endpoint; k > 0 is the speculative ``ensemble``
 endpoint with that many draft tokens. With ``k0_on_ensemble`` a third kind of cell runs ``ensemble`` with
 num_draft_tokens=0 (drafting off): the speculative loop's own overhead against the baseline.
@@ -15,16 +19,18 @@ num_draft_tokens=0 (drafting off): the speculative loop's own overhead against t
 from __future__ import annotations
 
 import datetime as _dt
+import functools
+import json
 import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from trtspec.bench.metrics import CrossCheck, default_metrics_url
+from trtspec.bench.metrics import LOOP_MODEL, OPENAI_LOOP_MODEL, CrossCheck, default_metrics_url
 from trtspec.bench.prompts import Prompt
-from trtspec.client import Client, ClientError
+from trtspec.client import Chunk, Client, ClientError
 from trtspec.metrics import SpecStats
 
 ENSEMBLE, BASELINE = "ensemble", "baseline"
@@ -38,6 +44,7 @@ class BenchError(Exception):
 class BenchSettings:
     url: str = "localhost:8000"
     protocol: str = "http"
+    api: str = "triton"  # triton (KServe v2 over --protocol) | openai (the OpenAI API of `trtspec serve`)
     max_tokens: int = 64
     concurrency: Sequence[int] = (1, 4)
     draft_tokens: Sequence[int] = (0, 2, 4)
@@ -50,8 +57,11 @@ class BenchSettings:
     profile: bool = False
     profile_pids: Sequence[int] | None = None
     timeout: float = 600.0
+    openai_models: dict[str, str] = field(default_factory=dict)  # endpoint -> OpenAI model name (found by the check)
 
     def validate(self) -> None:
+        if self.api not in ("triton", "openai"):
+            raise BenchError(f"api must be triton or openai, got {self.api!r}")
         if self.protocol not in ("http", "grpc"):
             raise BenchError(f"protocol must be http or grpc, got {self.protocol!r}")
         if self.max_tokens < 1:
@@ -246,6 +256,19 @@ def check_deployment(settings: BenchSettings, endpoints: Sequence[str]) -> None:
     url = settings.url.removeprefix("http://").removeprefix("https://").rstrip("/")
     hint = ("start one with `trtspec serve REPO` (or let the bench start its own with --config CONFIG), "
             "or point --url at it")
+    if settings.api == "openai":
+        try:
+            with urllib.request.urlopen(f"http://{url}/v1/models", timeout=5) as resp:
+                models = json.loads(resp.read())["data"]
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+            raise BenchError(f"cannot list the models of an OpenAI API at {url} ({getattr(e, 'reason', e)}): "
+                             f"{hint} (its OpenAI port, 9000 by default)") from None
+        settings.openai_models = {m.get("triton_model"): m["id"] for m in models if m.get("triton_model")}
+        missing = [m for m in endpoints if m not in settings.openai_models]
+        if missing:
+            raise BenchError(f"the OpenAI API at {url} serves no model for {', '.join(missing)}: is it "
+                             "`trtspec serve`?")
+        return
     if settings.protocol == "http":
         try:
             status = _get(f"http://{url}/v2/health/ready")
@@ -298,7 +321,6 @@ def _one_request(settings: BenchSettings, cell: Cell, index: int, prompt: Prompt
     client library plus the bookkeeping here. When a response arrived while the previous one was still being
     handled, only the time after that handling counts, so nothing is counted twice.
     """
-    client = Client(settings.url, settings.protocol, model=cell.endpoint, timeout=settings.timeout)
     params = {"num_draft_tokens": cell.num_draft_tokens} if cell.endpoint == ENSEMBLE else {}
     if cell.endpoint == ENSEMBLE and settings.draft_source:
         params["draft_source"] = settings.draft_source
@@ -309,7 +331,7 @@ def _one_request(settings: BenchSettings, cell: Cell, index: int, prompt: Prompt
     overhead = 0.0
     last_ask = rec.start
     try:
-        for chunk in client.stream(prompt.text, settings.max_tokens, stream=True, **params):
+        for chunk in _stream(settings, cell, prompt.text, params):
             times.append(chunk.time)
             tokens.append(len(chunk.token_ids))
             if chunk.stats is not None:
@@ -325,6 +347,43 @@ def _one_request(settings: BenchSettings, cell: Cell, index: int, prompt: Prompt
         rec.error = "the server sent no response"
     rec.client_overhead_s = overhead
     return rec
+
+
+def _stream(settings: BenchSettings, cell: Cell, prompt: str, params: dict[str, Any]) -> Iterator[Chunk]:
+    if settings.api == "triton":
+        client = Client(settings.url, settings.protocol, model=cell.endpoint, timeout=settings.timeout)
+        yield from client.stream(prompt, settings.max_tokens, stream=True, **params)
+        return
+    import openai
+
+    stream = _openai_client(settings.url, settings.timeout).completions.create(
+        model=settings.openai_models[cell.endpoint], prompt=prompt, max_tokens=settings.max_tokens, stream=True,
+        stream_options={"include_usage": True}, extra_body={**params, "return_token_ids": True},
+    )
+    counted = 0
+    try:
+        for c in stream:
+            t = time.perf_counter()
+            if c.choices:
+                ids = (c.choices[0].model_extra or {}).get("token_ids") or []
+                counted += len(ids)
+                yield Chunk(c.choices[0].text, ids, t, (c.model_extra or {}).get("speculative") or {})
+            elif c.usage is not None and c.usage.completion_tokens != counted:
+                raise ClientError(f"usage says {c.usage.completion_tokens} completion tokens, the chunks carried "
+                                  f"{counted} token ids")
+    except openai.APIError as e:
+        raise ClientError(str(e)) from None
+    finally:
+        stream.close()
+
+
+@functools.lru_cache(maxsize=4)
+def _openai_client(url: str, timeout: float) -> Any:
+    """One client (one connection pool) for every bench thread: the openai client is thread-safe."""
+    import openai
+
+    base = url if "://" in url else f"http://{url}"
+    return openai.OpenAI(base_url=f"{base.rstrip('/')}/v1", api_key="unused", max_retries=0, timeout=timeout)
 
 
 def _run_phase(
@@ -381,7 +440,8 @@ def run_bench(settings: BenchSettings, prompts: Sequence[Prompt], progress: Prog
     progress = progress or ProgressSink()
 
     metrics_url = settings.resolved_metrics_url
-    check = CrossCheck(metrics_url) if metrics_url else None
+    labels = OPENAI_LOOP_MODEL if settings.api == "openai" else LOOP_MODEL
+    check = CrossCheck(metrics_url, labels) if metrics_url else None
     sampler = None
     if settings.profile:
         try:

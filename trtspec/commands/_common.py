@@ -35,5 +35,3 @@ def friendly_errors(*error_types: type[BaseException]) -> Callable:
     return wrap
 
 
-def not_implemented(verb: str, issue: str) -> None:
-    raise UserError(f"`trtspec {verb}` is not implemented yet ({issue}).")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import time
 from pathlib import Path
@@ -50,6 +51,7 @@ Examples:
   trtspec bench --protocol grpc --url gpu-box:8001 --prompt-kind code
   trtspec bench --prompts my_prompts.jsonl --max-tokens 128 --profile
   trtspec bench --config build_configs/demo.yaml --requests 4   # own server
+  trtspec bench --api openai --url localhost:9000                # through the OpenAI API
 """
 
 
@@ -93,7 +95,10 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
               help="The deployment's HTTP address (or gRPC with --protocol grpc) "
                    "[default: localhost:8000, or localhost:8001 for gRPC].")
 @click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True,
-              help="How to send the streamed requests.")
+              help="How to send the streamed requests to Triton.")
+@click.option("--api", type=click.Choice(["triton", "openai"]), default="triton", show_default=True,
+              help="triton: Triton's ensemble/baseline endpoints; openai: the OpenAI-compatible API of "
+                   "`trtspec serve` (--url is then its address, default localhost:9000).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Instead of --url: build this config's repository (reference engine) into a temp dir, start "
                    "Triton on free ports, bench it, stop it.")
@@ -139,6 +144,7 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
 def bench(
     url: str | None,
     protocol: str,
+    api: str,
     config_path: Path | None,
     prompts_file: Path | None,
     prompt_kind: str,
@@ -174,8 +180,9 @@ def bench(
     if num_prompts is not None:
         prompts = prompts[:num_prompts]
     settings = BenchSettings(
-        url=url or ("localhost:8001" if protocol == "grpc" else "localhost:8000"),
+        url=url or _default_url(api, protocol),
         protocol=protocol,
+        api=api,
         max_tokens=max_tokens,
         concurrency=_int_list("--concurrency", concurrency, 1),
         draft_tokens=_int_list("--draft-tokens", draft_tokens, 0),
@@ -202,10 +209,19 @@ def bench(
         raise SystemExit(130) from None
 
 
+def _default_url(api: str, protocol: str) -> str:
+    from trtspec.openai.server import DEFAULT_PORT
+
+    if api == "openai":
+        return f"localhost:{DEFAULT_PORT}"
+    return "localhost:8001" if protocol == "grpc" else "localhost:8000"
+
+
 def _bench_own_server(config_path: Path, settings: Any, prompts: Sequence[Any], output: Path) -> None:
-    from trtspec.bench.local import local_deployment, server_pids
+    from trtspec.bench.local import local_deployment, prepare_checkpoints, server_pids
     from trtspec.config import ConfigError, load_config
     from trtspec.demo_pair import DemoPairError
+    from trtspec.openai.backend import DeploymentError
     from trtspec.repository import RepositoryError
     from trtspec.server import ServerError
 
@@ -226,7 +242,7 @@ def _bench_own_server(config_path: Path, settings: Any, prompts: Sequence[Any], 
     status = console.status("Preparing the deployment...", spinner="dots")
     status.start()
     try:
-        _prepare_checkpoints(cfg, lambda m: status.update(f"Preparing the deployment: {m}..."))
+        prepare_checkpoints(cfg, lambda m: status.update(f"Preparing the deployment: {m}..."))
         with local_deployment(cfg, log_file=output / "triton.log",
                               on_step=lambda m: status.update(f"{m[0].upper()}{m[1:]}...")) as server:
             status.stop()
@@ -238,23 +254,20 @@ def _bench_own_server(config_path: Path, settings: Any, prompts: Sequence[Any], 
             settings.metrics_url = ep.metrics
             settings.profile_pids = server_pids(server) or None
             try:
-                bench_and_report(settings, prompts, output)
+                with contextlib.ExitStack() as stack:
+                    if settings.api == "openai":
+                        from trtspec.openai.server import OpenAIServer
+
+                        api = stack.enter_context(OpenAIServer(server.options.model_repository, ep.grpc_address,
+                                                               host="127.0.0.1", port=0, name=cfg.name))
+                        settings.url = api.url.removesuffix("/v1")
+                    bench_and_report(settings, prompts, output)
             finally:
                 console.print("Stopping Triton...")
-    except (ServerError, DemoPairError, RepositoryError, ConfigError) as e:
+    except (ServerError, DemoPairError, RepositoryError, ConfigError, DeploymentError) as e:
         raise UserError(escape(str(e))) from None
     finally:
         status.stop()
-
-
-def _prepare_checkpoints(cfg: Any, say: Any) -> None:
-    """Prepare the demo pair first when the config names it (with progress), so that generating the repository
-    does not sit silent for minutes."""
-    refs = [m.checkpoint for m in (cfg.target, cfg.draft) if m is not None]
-    if any(r.startswith("demo:") for r in refs):
-        from trtspec.demo_pair import prepare_demo_pair
-
-        prepare_demo_pair(progress=say)
 
 
 command = bench

@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from trtspec.build.plan import ENV_DOC, Plan, Step
-from trtspec.build.preflight import describe_estimates
-from trtspec.build.runner import BuildError, Runner
+from trtspec.pipeline.plan import ENV_DOC, Plan, Step
+from trtspec.pipeline.preflight import describe_estimates
+from trtspec.pipeline.runner import BuildError, Runner
 from trtspec.checkpoint import CheckpointError, format_params
 from trtspec.commands._common import UserError, console, friendly_errors
 from trtspec.config import ConfigError, EngineKind, load_config
@@ -106,7 +106,7 @@ def command(
     gpus: str | None,
     ignore_preflight: tuple[str, ...],
 ) -> None:
-    from trtspec.build.plan import make_plan
+    from trtspec.pipeline.plan import make_plan
 
     planning = dry_run or as_json
     # A plan can be made for checkpoints that live on another machine; a build needs them here.

@@ -103,8 +103,8 @@ def _example(server: Any, cfg: Any, max_tokens: int) -> None:
               help="Another reference-engine build config to demo [default: the shipped demo.yaml].")
 def demo(quick: bool, output: Path | None, config_path: Path | None) -> None:
     from trtspec.bench import BenchError, BenchSettings, builtin_prompts
-    from trtspec.bench.local import local_deployment, server_pids
-    from trtspec.commands.bench import _prepare_checkpoints, bench_and_report, default_output_dir
+    from trtspec.bench.local import local_deployment, prepare_checkpoints, server_pids
+    from trtspec.commands.bench import bench_and_report, default_output_dir
     from trtspec.config import ConfigError, checkpoint_path, load_config
     from trtspec.demo_pair import DemoPairError
     from trtspec.repository import RepositoryError
@@ -123,7 +123,7 @@ def demo(quick: bool, output: Path | None, config_path: Path | None) -> None:
                 status.update(msg)
                 console.print(f"  [dim]{escape(msg)}[/]")
 
-            _prepare_checkpoints(cfg, say)
+            prepare_checkpoints(cfg, say)
         for role in ("target", "draft"):
             m = getattr(cfg, role)
             if m is not None:

@@ -8,11 +8,12 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from trtspec.build.plan import make_plan
-from trtspec.build.preflight import describe_estimates
+from trtspec.pipeline.plan import make_plan
+from trtspec.pipeline.preflight import describe_estimates
 from trtspec.checkpoint import CheckpointError, CheckpointInfo, format_bytes, format_params
 from trtspec.commands._common import UserError, console, friendly_errors
 from trtspec.config import ConfigError, EngineKind, load_config
+from trtspec.contract.nvidia import ENGINE_FLOW_RANGE
 from trtspec.demo_pair import DemoPairError
 from trtspec.machine import GpuSpecError, Machine, machine_inventory
 
@@ -90,6 +91,25 @@ def command(config: Path, gpus: str | None, output: Path | None) -> None:
     say(f"[green]ok[/] ({len(pf.warnings)} warning(s))")
 
 
+def runnable_flavours(trtllm_version: str | None) -> list[str]:
+    """Which `engine:` values the installed TensorRT-LLM can serve (reference always; llmapi on CPU as a stand-in)."""
+    from trtspec.llmapi.fields import version_fields
+
+    out = ["reference"]
+    if trtllm_version is None:
+        return out + ["llmapi (CPU stand-in only: no tensorrt_llm installed)"]
+    if ENGINE_FLOW_RANGE.contains(trtllm_version):
+        out.append(f"tensorrt_llm (TensorRT-LLM {trtllm_version} has trtllm-build and the C++ backend)")
+    else:
+        out.append(f"not tensorrt_llm (TensorRT-LLM {trtllm_version} has no engine flow: PyTorch backend only)")
+    try:
+        version_fields(trtllm_version)
+        out.append("llmapi")
+    except KeyError:
+        out.append(f"not llmapi (no validated field lists for TensorRT-LLM {trtllm_version})")
+    return out
+
+
 def pair_table(infos: dict[str, CheckpointInfo | None]) -> Table:
     t = Table(title="Model pair", title_justify="left", show_lines=False)
     t.add_column("")
@@ -142,6 +162,8 @@ def print_machine(m: Machine, out: Path) -> None:
     tool("trtllm-build", m.trtllm_build.path, m.trtllm_build.version, m.trtllm_build.note)
     tool("tensorrt_llm", "importable" if m.tensorrt_llm_version else None, m.tensorrt_llm_version, None if m.tensorrt_llm_version else "not installed")
     tool("TensorRT", "installed" if m.tensorrt_version else None, m.tensorrt_version, None if m.tensorrt_version else "not installed")
+    say(f"  engine flow supported: {escape(ENGINE_FLOW_RANGE.label)}")
+    say(f"  flavours this machine runs: {escape(', '.join(runnable_flavours(m.tensorrt_llm_version)))}")
     if m.triton_container:
         say(f"  Triton container: {escape(m.triton_container)}")
     for p, free in m.disk_free.items():

@@ -8,9 +8,9 @@ import click
 from rich.table import Table
 
 from trtspec.client import Client, ClientError
+from trtspec.commands._common import UserError, console, friendly_errors
 from trtspec.contract import field_by_name
 from trtspec.metrics import SpecStats
-from trtspec.commands._common import console, friendly_errors
 
 
 @click.command("infer")
@@ -33,11 +33,14 @@ from trtspec.commands._common import console, friendly_errors
 @click.option("--top-p", type=float, default=None)
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", "stop_words", multiple=True, help="Stop word (repeatable).")
-@click.option("--chat", is_flag=True, help="Wrap the prompt in the ChatML template (<|im_start|>user ...), as the demo model expects.")
+@click.option("--chat", is_flag=True,
+              help="Send PROMPT as a user message to the OpenAI chat endpoint of `trtspec serve` (--openai-url): "
+                   "the server renders the deployed target's own chat template.")
+@click.option("--openai-url", default="localhost:9000", show_default=True, help="The OpenAI API's address, for --chat.")
 @friendly_errors(ClientError)
 def command(prompt, url, protocol, baseline, model, stream, max_tokens, draft_tokens, draft_source, draft_length_policy,
             draft_logits,
-            temperature, top_k, top_p, seed, stop_words, chat) -> None:
+            temperature, top_k, top_p, seed, stop_words, chat, openai_url) -> None:
     """Send PROMPT to a running trtspec deployment and print the completion and its acceptance figures.
 
     \b
@@ -45,9 +48,16 @@ def command(prompt, url, protocol, baseline, model, stream, max_tokens, draft_to
       trtspec infer "The capital of France is" --stream
       trtspec infer "Summarise: ..." -k 4 --protocol grpc --url localhost:8001
       trtspec infer "Hello" --baseline            # target-only, for comparison
+      trtspec infer "Write a haiku" --chat --stream   # chat template, via the OpenAI API
     """
     if chat:
-        prompt = f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+        if protocol != "http" or url != "localhost:8000" or model:
+            raise UserError("--chat goes through the OpenAI API: give its address with --openai-url "
+                            "(--url, --protocol and --model are Triton's)")
+        return _chat(openai_url, prompt, baseline, stream, max_tokens, dict(
+            num_draft_tokens=draft_tokens, draft_source=draft_source, draft_length_policy=draft_length_policy,
+            use_draft_logits=draft_logits, top_k=top_k, return_token_ids=True,
+        ), dict(temperature=temperature, top_p=top_p, seed=seed, stop=list(stop_words) or None))
     client = Client(url, protocol, model or ("baseline" if baseline else "ensemble"))
     params = dict(
         num_draft_tokens=draft_tokens, draft_source=draft_source, draft_length_policy=draft_length_policy,
@@ -68,6 +78,43 @@ def command(prompt, url, protocol, baseline, model, stream, max_tokens, draft_to
         console.print(g.text, markup=False, highlight=False)
         stats, n_tokens = g.stats, len(g.token_ids)
     _print_stats(stats, n_tokens)
+
+
+def _chat(url: str, prompt: str, baseline: bool, stream: bool, max_tokens: int, extra: dict, params: dict) -> None:
+    """Why the OpenAI API and not a client-side template: the server has the deployed target's tokenizer and chat
+    template; this client needs neither (nor transformers, nor the checkpoint)."""
+    import openai
+
+    base = url if "://" in url else f"http://{url}"
+    client = openai.OpenAI(base_url=f"{base.rstrip('/')}/v1", api_key="unused", max_retries=0)
+    try:
+        want = "baseline" if baseline else "ensemble"
+        models = [m.id for m in client.models.list().data if (m.model_extra or {}).get("triton_model") == want]
+        if not models:
+            raise ClientError(f"the OpenAI API at {url} serves no {want} model: is it `trtspec serve`?")
+        request = dict(model=models[0], messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+                       extra_body={k: v for k, v in extra.items() if v is not None},
+                       **{k: v for k, v in params.items() if v is not None})
+        ids: list[int] = []
+        stats = SpecStats()
+        if stream:
+            for c in client.chat.completions.create(**request, stream=True):
+                if c.choices:
+                    sys.stdout.write(c.choices[0].delta.content or "")
+                    sys.stdout.flush()
+                    ids += (c.choices[0].model_extra or {}).get("token_ids") or []
+                stats = SpecStats.from_wire((c.model_extra or {}).get("speculative") or {}) if (c.model_extra or {}).get("speculative") else stats
+            sys.stdout.write("\n")
+        else:
+            r = client.chat.completions.create(**request)
+            console.print(r.choices[0].message.content, markup=False, highlight=False)
+            ids = (r.choices[0].model_extra or {}).get("token_ids") or []
+            stats = SpecStats.from_wire((r.model_extra or {}).get("speculative") or {})
+    except openai.APIConnectionError:
+        raise ClientError(f"cannot reach the OpenAI API at {url} (`trtspec serve` serves it on port 9000)") from None
+    except openai.APIError as e:
+        raise ClientError(str(e)) from None
+    _print_stats(stats, len(ids))
 
 
 def _print_stats(stats: SpecStats, n_tokens: int) -> None:

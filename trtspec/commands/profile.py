@@ -57,7 +57,7 @@ def _exit_code(returncode: int) -> int:
 
 @click.command(
     "profile",
-    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+    context_settings={"allow_interspersed_args": False},
 )
 @click.option("--interval", type=click.FloatRange(min=0.001), default=0.1, show_default=True,
               help="Seconds between samples (0.1 = 10 Hz).")

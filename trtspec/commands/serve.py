@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from trtspec.commands._common import UserError, console, err_console
+from trtspec.openai.server import DEFAULT_PORT
 from trtspec.server import (
     ServerError,
     ServerOptions,
@@ -61,6 +62,8 @@ otherwise.
 Examples:
   trtspec serve out/model_repository
   trtspec serve out/model_repository --http-port 0 --grpc-port 0   # free ports
+  curl localhost:9000/v1/chat/completions -H 'Content-Type: application/json' \
+    -d '{"model": "NAME", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32}'
   TRITONSERVER=/opt/tritonserver/bin/tritonserver trtspec serve repo --verbose
 """
 
@@ -88,12 +91,31 @@ def _models_table(server: TritonServer, repo: Path) -> Table:
     return table
 
 
-def _print_ready(server: TritonServer, repo: Path, elapsed: float) -> None:
+def _start_openai(repo: Path, server: TritonServer, port: int, name: str | None) -> Any:
+    from trtspec.openai.backend import DeploymentError
+    from trtspec.openai.server import OpenAIServer
+
+    try:
+        api = OpenAIServer(repo, server.endpoints.grpc_address, port=port, name=name)
+    except DeploymentError as e:  # not a trtspec deployment: Triton alone is what this repository serves
+        err_console.print(f"[yellow]OpenAI API off:[/] {escape(str(e))}", soft_wrap=True)
+        return None
+    try:
+        api.start()
+    except DeploymentError as e:  # the caller stops Triton
+        raise UserError(escape(str(e))) from None
+    return api
+
+
+def _print_ready(server: TritonServer, repo: Path, elapsed: float, api: Any = None) -> None:
     ep = server.endpoints
     console.print(f"[bold green]Triton is ready[/] after {elapsed:.1f} s")
     console.print(f"  HTTP     {ep.http}")
     console.print(f"  gRPC     {ep.grpc_address}")
     console.print(f"  metrics  {ep.metrics}")
+    if api is not None:
+        models = ", ".join(api.deployment.models)
+        console.print(f"  OpenAI   {api.url}  (models: {escape(models)})")
     if server.log_path:
         console.print(f"  log      {server.log_path}")
     console.print(_models_table(server, repo))
@@ -142,6 +164,13 @@ class _Follower:
 @click.option("--disable-auto-complete-config", is_flag=True,
               help="Trust the config.pbtxt files as written (Triton skips the extra Python process it starts per "
                    "Python model to auto-complete its config: starts faster).")
+@click.option("--openai-port", default=DEFAULT_PORT, show_default=True, type=int,
+              help="Port of the OpenAI-compatible API (0: pick a free one).")
+@click.option("--openai/--no-openai", "openai", default=True, show_default=True,
+              help="Serve the OpenAI-compatible API beside Triton.")
+@click.option("--served-model-name", default=None, metavar="NAME",
+              help="The model name of the OpenAI API [default: the build config's name from manifest.json beside "
+                   "the repository, else the name of the folder that holds it].")
 @click.option("--world-size", default=1, show_default=True, type=int,
               help="TensorRT-LLM only: MPI ranks (TP x PP of the engine) in leader mode.")
 def serve(
@@ -156,6 +185,9 @@ def serve(
     exit_timeout: int,
     tritonserver: str | None,
     disable_auto_complete_config: bool,
+    openai_port: int,
+    openai: bool,
+    served_model_name: str | None,
     world_size: int,
 ) -> None:
     if not repo.is_dir():
@@ -188,6 +220,7 @@ def serve(
 
     previous_handlers = _stop_signals_as_keyboard_interrupt()
     follower: _Follower | None = None
+    api = None
     try:
         started = time.monotonic()
         try:
@@ -197,7 +230,8 @@ def serve(
         except ServerStartError as e:
             server.stop()
             raise UserError(escape(str(e))) from None
-        _print_ready(server, repo, time.monotonic() - started)
+        api = _start_openai(repo, server, openai_port, served_model_name) if openai else None
+        _print_ready(server, repo, time.monotonic() - started, api)
         follower = _Follower(server.log_path) if follow_log else None
         while True:
             rc = server.wait(timeout=0.5)
@@ -208,6 +242,8 @@ def serve(
                 raise UserError(escape(f"tritonserver exited unexpectedly with code {rc}.\nLast log lines:\n{tail}"))
     except KeyboardInterrupt:
         err_console.print("\nStopping Triton...")
+        if api is not None:
+            api.stop()
         rc = server.stop()
         if follow_log and follower is not None:
             follower.pump()
@@ -215,6 +251,8 @@ def serve(
             raise UserError(escape(_stop_failure(server, rc))) from None
         err_console.print(f"Triton stopped (exit code {rc}).")
     except BaseException:
+        if api is not None:
+            api.stop()
         server.stop()
         raise
     finally:

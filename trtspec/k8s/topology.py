@@ -1,6 +1,6 @@
 """How one replica of a deployment lands on Kubernetes nodes: GPUs per pod, pods per replica, GPU product.
 
-The GPU count comes from the build's own placement (``trtspec.build.preflight.plan_placement``): the target
+The GPU count comes from the build's own placement (``trtspec.pipeline.preflight.plan_placement``): the target
 on tp x pp GPUs, the draft on its own GPUs or sharing the target's (``gpu_device_ids`` that overlap). A pod
 sees the GPUs it was given as 0..n-1, so the placement must number them without holes. A replica larger
 than one node becomes one LeaderWorkerSet group of whole nodes.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trtspec.build.preflight import plan_placement
+from trtspec.pipeline.preflight import plan_placement
 from trtspec.config import BuildConfig, EngineKind
 from trtspec.machine import GPU
 
@@ -46,8 +46,9 @@ class Topology:
 
 
 def uses_gpus(cfg: BuildConfig) -> bool:
-    """Every flavour runs on GPUs except the reference engine placed on the CPU."""
-    return not (cfg.engine is EngineKind.reference and cfg.device == "cpu")
+    """Every flavour runs on GPUs except where the config places it on the CPU (the reference engine, or the
+    llmapi flavour's CPU stand-in)."""
+    return not (cfg.engine is not EngineKind.tensorrt_llm and cfg.device == "cpu")
 
 
 def plan_topology(cfg: BuildConfig, node_gpus: list[GPU], gpus_per_node: int | None = None) -> Topology:

@@ -14,7 +14,7 @@ import numpy as np
 
 from trtspec import triton_io as io
 from trtspec.contract import REQUEST_FIELDS, RequestError
-from trtspec.loop import Chunk, EngineCallError, LoopRequest, LoopSettings, SpeculativeLoop
+from trtspec.loop import Step, EngineCallError, LoopRequest, LoopSettings, SpeculativeLoop
 from trtspec.metrics import PrometheusExporter
 
 SETTINGS_PARAMETER = "loop_settings"  # the one model parameter: LoopSettings as JSON
@@ -63,7 +63,7 @@ def parse_request(pb_utils: Any, request: Any) -> LoopRequest:
     )
 
 
-def response_tensors(tokens: list[int], before: list[int], chunk: Chunk) -> dict[str, np.ndarray]:
+def response_tensors(tokens: list[int], before: list[int], chunk: Step) -> dict[str, np.ndarray]:
     out = {
         "output_ids": np.asarray(tokens, dtype=np.int32).reshape(1, -1),
         "prefix_ids": np.asarray(before[-PREFIX_WINDOW:], dtype=np.int32).reshape(1, -1),
@@ -94,10 +94,10 @@ class LoopModel:
     def parse(self, request: Any) -> LoopRequest:
         return parse_request(self.pb, request)
 
-    def response_tensors(self, tokens: list[int], before: list[int], chunk: Chunk) -> dict[str, np.ndarray]:
+    def response_tensors(self, tokens: list[int], before: list[int], chunk: Step) -> dict[str, np.ndarray]:
         return response_tensors(tokens, before, chunk)
 
-    def _response(self, tokens: list[int], before: list[int], chunk: Chunk) -> Any:
+    def _response(self, tokens: list[int], before: list[int], chunk: Step) -> Any:
         tensors = self.response_tensors(tokens, before, chunk)
         return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in tensors.items()])
 
@@ -133,7 +133,7 @@ class LoopModel:
                 self.metrics.record(last.stats, len(generated))
                 sender.send(self._response(generated, [], last), flags=final)
         except RequestError as e:
-            sender.send(self._error(str(e)), flags=final)
+            sender.send(self.pb.InferenceResponse(error=io.bad_request(self.pb, e)), flags=final)
         except Exception as e:  # engine failure: report it, keep serving
             sender.send(self._error(f"{self.name}: {e}"), flags=final)
 

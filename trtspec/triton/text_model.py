@@ -16,7 +16,7 @@ import numpy as np
 
 from trtspec import triton_io as io
 from trtspec.contract import REQUEST_FIELDS
-from trtspec.loop import Chunk, LoopRequest
+from trtspec.loop import LoopRequest, Step
 from trtspec.text import TextCodec
 from trtspec.triton.loop_model import PREFIX_WINDOW, LoopModel, response_tensors
 
@@ -49,7 +49,7 @@ class TextModel(LoopModel):
             **values,
         )
 
-    def response_tensors(self, tokens: list[int], before: list[int], chunk: Chunk) -> dict[str, np.ndarray]:
+    def response_tensors(self, tokens: list[int], before: list[int], chunk: Step) -> dict[str, np.ndarray]:
         out = response_tensors(tokens, before, chunk)
         del out["prefix_ids"]
         text = self.codec.decode_chunk(before[-PREFIX_WINDOW:], tokens)

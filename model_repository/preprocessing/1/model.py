@@ -36,6 +36,8 @@ class TritonPythonModel:
                         ]
                     )
                 )
+            except io.RequestError as e:
+                responses.append(pb_utils.InferenceResponse(error=io.bad_request(pb_utils, e)))
             except Exception as e:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"preprocessing: {e}")))
         return responses

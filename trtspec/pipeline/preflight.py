@@ -26,11 +26,11 @@ from typing import Literal
 
 from trtspec.checkpoint import DTYPE_BYTES, CheckpointInfo, check_pair, format_bytes, format_params
 from trtspec.config import BuildConfig, EngineKind, ModelConfig
+from trtspec.contract.nvidia import ENGINE_FLOW_RANGE
 from trtspec.machine import Machine, disk_free
 
 Level = Literal["error", "warning"]
 
-SUPPORTED_TRTLLM = ((0, 17), (1, 2))  # trtllm-build and the TensorRT engine backend were removed after 1.2
 FP8_MIN_SM = 89  # Ada (8.9) and Hopper (9.0) have FP8 tensor cores
 USABLE_MEMORY = 0.95  # of the total memory a GPU reports
 RUNTIME_OVERHEAD = 1 << 30  # CUDA context, cuBLAS workspace, TensorRT-LLM runtime buffers, per model per GPU
@@ -168,7 +168,9 @@ def plan_placement(cfg: BuildConfig, n_gpus: int) -> dict[str, list[int]]:
     t = cfg.target
     placement = {"target": list(t.gpu_device_ids) if t.gpu_device_ids is not None else list(range(t.world_size))}
     d = cfg.draft
-    if d is not None:
+    if d is not None and cfg.engine is EngineKind.llmapi:
+        placement["draft"] = placement["target"][:1]  # DraftTarget: the draft runs inside the target's LLM
+    elif d is not None:
         if d.gpu_device_ids is not None:
             placement["draft"] = list(d.gpu_device_ids)
         else:
@@ -245,7 +247,9 @@ def run_preflight(
     could not be read, explained in `checkpoint_problems`). `pending_outputs` says which models still need
     their checkpoint + engine written (for the disk check)."""
     r = PreflightResult()
-    trt = cfg.engine is EngineKind.tensorrt_llm
+    # llmapi on GPUs gets the engine flow's GPU checks; on CPU it runs trtspec's stand-in, like the reference engine
+    llmapi_gpu = cfg.engine is EngineKind.llmapi and (cfg.device == "cuda" or (cfg.device == "auto" and bool(machine.gpus)))
+    trt = cfg.engine is EngineKind.tensorrt_llm or llmapi_gpu
 
     for role, problem in (checkpoint_problems or {}).items():
         r.add(
@@ -268,7 +272,10 @@ def run_preflight(
             )
         return r
 
-    _check_software(cfg, machine, trtllm_version, r)
+    if cfg.engine is EngineKind.tensorrt_llm:
+        _check_software(cfg, machine, trtllm_version, r)
+    elif cfg.engine is EngineKind.llmapi and machine.software_checked:
+        _check_llmapi_software(machine, r)
     n = len(machine.gpus)
     r.placement = plan_placement(cfg, n)
     if not machine.gpus:
@@ -335,8 +342,9 @@ def _check_software(cfg: BuildConfig, machine: Machine, trtllm_version: str | No
                 "error",
                 "trtllm-build-missing",
                 f"trtllm-build not found ({machine.trtllm_build.note or 'not on PATH'}). Run the build inside "
-                "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3 (TensorRT-LLM 1.1; see docs/deploy-gpu.md), "
-                "or point TRTSPEC_TRTLLM_BUILD at it.",
+                f"nvcr.io/nvidia/tritonserver:{ENGINE_FLOW_RANGE.last_container}-trtllm-python-py3 or older "
+                f"(TensorRT-LLM {ENGINE_FLOW_RANGE.label}; see docs/deploy-gpu.md), point TRTSPEC_TRTLLM_BUILD at it, "
+                "or use engine: llmapi (no engine build).",
             )
         if installed is None:
             r.add(
@@ -363,25 +371,50 @@ def _check_software(cfg: BuildConfig, machine: Machine, trtllm_version: str | No
         )
     v = version_tuple(trtllm_version)
     if v is not None:
-        lo, hi = SUPPORTED_TRTLLM
-        if v[:2] < lo:
+        flow = ENGINE_FLOW_RANGE
+        if v[:2] < version_tuple(flow.first)[:2]:
             r.add(
                 "error",
                 "trtllm-version-unsupported",
-                f"TensorRT-LLM {trtllm_version} is older than 0.17, the oldest release trtspec supports (flags, "
-                "plugin defaults and the Triton templates differ). Use tritonserver 25.01 (0.17) or newer, up to "
-                "25.12 (1.1).",
+                f"TensorRT-LLM {trtllm_version} is older than {flow.first}, the oldest release trtspec supports "
+                "(flags, plugin defaults and the Triton templates differ). Use tritonserver 25.01 (0.17) or newer, "
+                f"up to {flow.last_container} ({flow.last}).",
             )
-        elif v[:2] > hi:
+        elif v[:2] > version_tuple(flow.last)[:2]:
             r.add(
                 "error",
                 "trtllm-version-unsupported",
-                f"TensorRT-LLM {trtllm_version} is newer than 1.2: the TensorRT engine backend and trtllm-build "
-                "were removed after 1.2 (PyTorch is the only backend). Use "
-                "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3 (TensorRT-LLM 1.1).",
+                f"TensorRT-LLM {trtllm_version} is newer than {flow.last}: the TensorRT engine backend and "
+                f"trtllm-build were removed in {flow.removed_in} (PyTorch is the only backend). Use "
+                f"nvcr.io/nvidia/tritonserver:{flow.last_container}-trtllm-python-py3 (TensorRT-LLM {flow.last}), "
+                "or serve this version with engine: llmapi (its PyTorch backend, no engine build).",
             )
     elif trtllm_version is None:
         r.notes.append("TensorRT-LLM version unknown: assuming a 1.x layout (set tensorrt_llm_version to pin it)")
+
+
+def _check_llmapi_software(machine: Machine, r: PreflightResult) -> None:
+    from trtspec.llmapi.fields import supported_versions, version_fields
+
+    installed = machine.tensorrt_llm_version
+    if installed is None:
+        r.add(
+            "error",
+            "tensorrt-llm-missing",
+            "engine: llmapi on GPUs needs the tensorrt_llm package (NVIDIA's current *-trtllm-python-py3 container "
+            "has it); without it only device: cpu runs (trtspec's CPU stand-in of the LLM API)",
+        )
+        return
+    try:
+        version_fields(installed)
+    except KeyError:
+        r.add(
+            "error",
+            "trtllm-version-unsupported",
+            f"TensorRT-LLM {installed} is installed; engine: llmapi is validated against TensorRT-LLM "
+            f"{', '.join(supported_versions())} (its LLM() and speculative_config fields): use a container with "
+            + ("that version" if not ENGINE_FLOW_RANGE.contains(installed) else "that version, or engine: tensorrt_llm (this version has the engine flow)"),
+        )
 
 
 def _check_gpu_counts(cfg: BuildConfig, machine: Machine, r: PreflightResult) -> None:

@@ -1,4 +1,4 @@
-"""The pure parts of the loop benchmark (trtspec.benchmarks.loop): no server, no model, no timing."""
+"""The pure parts of the loop benchmark (trtspec.bench.loop): no server, no model, no timing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from trtspec.benchmarks import loop as bl
+from trtspec import speculative as spec
+from trtspec.bench import loop as bl
+from trtspec.metrics import SpecStats
 
 
 # ------------------------------------------------------------------ alpha solver
@@ -15,31 +17,31 @@ from trtspec.benchmarks import loop as bl
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("alpha", [0.0, 0.05, 0.2, 0.4, 0.5, 0.73, 0.9, 0.99])
 def test_alpha_round_trips_through_the_formula(alpha, k):
-    tau = bl.tokens_per_call(alpha, k)
+    tau = spec.tokens_per_call(alpha, k)
     assert tau == pytest.approx((1 - alpha ** (k + 1)) / (1 - alpha))
-    assert bl.solve_alpha(tau, k) == pytest.approx(alpha, abs=1e-9)
+    assert spec.solve_alpha(tau, k) == pytest.approx(alpha, abs=1e-9)
 
 
 def test_tokens_per_call_edges():
-    assert bl.tokens_per_call(0.0, 3) == 1.0
-    assert bl.tokens_per_call(1.0, 3) == 4.0
-    assert bl.tokens_per_call(0.5, 0) == 1.0
-    assert bl.tokens_per_call(0.5, 2) == pytest.approx(1.75)
+    assert spec.tokens_per_call(0.0, 3) == 1.0
+    assert spec.tokens_per_call(1.0, 3) == 4.0
+    assert spec.tokens_per_call(0.5, 0) == 1.0
+    assert spec.tokens_per_call(0.5, 2) == pytest.approx(1.75)
 
 
 def test_solve_alpha_clamps_and_k0():
-    assert bl.solve_alpha(1.0, 3) == 0.0
-    assert bl.solve_alpha(0.7, 3) == 0.0  # fewer than one token per call cannot happen; clamp
-    assert bl.solve_alpha(4.0, 3) == 1.0
-    assert bl.solve_alpha(5.0, 3) == 1.0
-    assert bl.solve_alpha(1.5, 0) is None
+    assert spec.solve_alpha(1.0, 3) == 0.0
+    assert spec.solve_alpha(0.7, 3) == 0.0  # fewer than one token per call cannot happen; clamp
+    assert spec.solve_alpha(4.0, 3) == 1.0
+    assert spec.solve_alpha(5.0, 3) == 1.0
+    assert spec.solve_alpha(1.5, 0) is None
 
 
 def test_solve_alpha_known_value():
     # k = 1: tau = 1 + alpha
-    assert bl.solve_alpha(1.37, 1) == pytest.approx(0.37)
+    assert spec.solve_alpha(1.37, 1) == pytest.approx(0.37)
     # k = 2: tau = 1 + a + a^2 = 1.75 -> a = 0.5
-    assert bl.solve_alpha(1.75, 2) == pytest.approx(0.5)
+    assert spec.solve_alpha(1.75, 2) == pytest.approx(0.5)
 
 
 # ------------------------------------------------------------------ the bound S
@@ -48,21 +50,21 @@ def test_solve_alpha_known_value():
 def test_bound_matches_formula():
     for alpha, k, c in [(0.4, 3, 0.26), (0.0, 3, 0.25), (0.9, 8, 0.05), (0.35, 1, 1.0)]:
         expected = (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
-        assert bl.bound(alpha, k, c) == pytest.approx(expected)
+        assert spec.speedup_bound(alpha, k, c) == pytest.approx(expected)
 
 
 def test_bound_limits():
-    assert bl.bound(1.0, 3, 0.0) == pytest.approx(4.0)
-    assert bl.bound(0.0, 3, 0.0) == pytest.approx(1.0)  # free draft, never accepted: break-even
-    assert bl.bound(0.0, 3, 0.25) == pytest.approx(1 / 1.75)
+    assert spec.speedup_bound(1.0, 3, 0.0) == pytest.approx(4.0)
+    assert spec.speedup_bound(0.0, 3, 0.0) == pytest.approx(1.0)  # free draft, never accepted: break-even
+    assert spec.speedup_bound(0.0, 3, 0.25) == pytest.approx(1 / 1.75)
     # the demo pair's regime: alpha 0.4, c about a quarter, k 3 -> S near 1
-    assert 0.85 < bl.bound(0.4, 3, 0.26) < 1.0
+    assert 0.85 < spec.speedup_bound(0.4, 3, 0.26) < 1.0
 
 
 def test_bound_with_solved_alpha_is_tokens_per_call_over_cost():
     k, c, tau = 3, 0.25, 1.6
-    a = bl.solve_alpha(tau, k)
-    assert bl.bound(a, k, c) == pytest.approx(tau / (k * c + 1))
+    a = spec.solve_alpha(tau, k)
+    assert spec.speedup_bound(a, k, c) == pytest.approx(tau / (k * c + 1))
 
 
 # ------------------------------------------------------------------ stats deltas
@@ -154,7 +156,7 @@ def test_summarize_server_on_hand_made_records():
             "tensorrt_llm": _delta(target_calls, target_ns),
             "tensorrt_llm_draft": _delta(draft_calls, draft_ns),
         }
-        return bl.RequestRecord(pid, kind, endpoint, wall, tokens, stats, delta)
+        return bl.LoopRecord(pid, kind, endpoint, wall, tokens, SpecStats.from_wire(stats), delta)
 
     toks = list(range(40))
     records = [
@@ -173,7 +175,7 @@ def test_summarize_server_on_hand_made_records():
     assert chat["speedup"] == pytest.approx(4.0 / 3.0)
     sp = chat["speculative"]
     assert sp["tokens_per_call"] == pytest.approx((15 + 25) / 25)
-    assert bl.tokens_per_call(sp["alpha"], k) == pytest.approx(1.6)
+    assert spec.tokens_per_call(sp["alpha"], k) == pytest.approx(1.6)
     assert sp["acceptance_rate"] == pytest.approx(0.2)
     assert sp["acceptance_per_position"] == pytest.approx([0.36, 0.16, 0.08])
     assert sp["engine_s"] == pytest.approx(2.9)
@@ -203,15 +205,15 @@ def test_derive_and_report_render_without_crashing():
     k = 3
     toks = list(range(10))
     recs = [
-        bl.RequestRecord("chat-0", "chat", "baseline", 1.0, toks, {"num_iterations": 10},
+        bl.LoopRecord("chat-0", "chat", "baseline", 1.0, toks, SpecStats(num_iterations=10),
                          {"tensorrt_llm": _delta(10, 900_000_000)}),
-        bl.RequestRecord("chat-0", "chat", "speculative", 0.9, toks,
-                         {"num_iterations": 6, "total_draft_tokens": 18, "total_accepted_draft_tokens": 4},
+        bl.LoopRecord("chat-0", "chat", "speculative", 0.9, toks,
+                      SpecStats(num_iterations=6, total_draft_tokens=18, total_accepted_draft_tokens=4),
                          {"tensorrt_llm": _delta(6, 600_000_000), "tensorrt_llm_draft": _delta(6, 200_000_000)}),
     ]
     summary = bl.summarize_server(recs, ["chat"], k)
     results = {
-        "command": "python -m trtspec.benchmarks.loop --max-tokens 10",
+        "command": "trtspec bench-loop --max-tokens 10",
         "machine": {"cpu_count": 2},
         "settings": {"k": k, "target": "demo:target", "draft": "demo:draft", "max_tokens": 10, "prompts_per_kind": 1,
                      "protocol": "http", "stream": False},
@@ -234,8 +236,8 @@ def test_derive_and_report_render_without_crashing():
     bl.derive(results, ["chat"], k)
     e = results["server"]["summary"]["per_kind"]["chat"]
     tau = (4 + 6) / 6
-    alpha = bl.solve_alpha(tau, k)
-    assert e["S"] == pytest.approx(bl.bound(alpha, k, 0.25))
+    alpha = spec.solve_alpha(tau, k)
+    assert e["S"] == pytest.approx(spec.speedup_bound(alpha, k, 0.25))
     assert e["S"] == pytest.approx(tau / 1.75)
     assert e["efficiency"] == pytest.approx((1.0 / 0.9) / e["S"])
     assert e["hf_assisted_vs_target"] == pytest.approx(1 / 1.2)
@@ -250,8 +252,14 @@ def test_derive_and_report_render_without_crashing():
     assert "| chat |" in text and "Targets" in text and not math.isnan(e["S"])
 
 
-def test_parser_defaults():
-    a = bl.build_parser().parse_args([])
-    assert (a.k, a.max_tokens, a.prompts_per_kind, a.protocol, a.stream) == (3, 128, 4, "http", False)
-    assert a.hf_defaults is True and a.output is None
-    assert a.config.name == "demo.yaml"
+def test_cli_defaults_are_the_settings_defaults():
+    """`trtspec bench-loop`'s option defaults and LoopBenchArgs agree (one set of defaults)."""
+    from trtspec.commands.bench_loop import command
+
+    params = command.make_context("bench-loop", []).params
+    defaults = {k: v for k, v in params.items() if k not in ("rerender", "kinds")}
+    args = bl.LoopBenchArgs()
+    for name, value in defaults.items():
+        assert getattr(args, name) == value, name
+    assert (args.k, args.max_tokens, args.protocol, args.draft_source) == (3, 128, "http", "model")
+    assert args.config.name == "demo.yaml"

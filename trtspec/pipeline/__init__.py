@@ -6,9 +6,9 @@
     convert.py    HF -> TensorRT-LLM checkpoint via the Python API (child process)
 """
 
-from trtspec.build.plan import Plan, Step, Tools, make_plan
-from trtspec.build.preflight import Finding, PreflightResult, run_preflight
-from trtspec.build.runner import BuildError, RunResult, Runner, StepFailed, run_plan
+from trtspec.pipeline.plan import Plan, Step, Tools, make_plan
+from trtspec.pipeline.preflight import Finding, PreflightResult, run_preflight
+from trtspec.pipeline.runner import BuildError, RunResult, Runner, StepFailed, run_plan
 
 __all__ = [
     "BuildError",

@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from trtspec import __version__
-from trtspec.build.plan import Plan, Step
+from trtspec.pipeline.plan import Plan, Step
 from trtspec.checkpoint import format_bytes
 from trtspec.config import EngineKind
 
@@ -306,8 +306,9 @@ class Runner:
                 cfg,
                 stage,
                 target_engine_dir=plan.engine_dir("target") if trt else None,
-                draft_engine_dir=plan.engine_dir("draft") if trt and plan.cfg.draft is not None else None,
-                trtllm_version=plan.trtllm_version if trt else None,
+                # llmapi: the draft checkpoint model.yaml names (the FP8 export when quantized)
+                draft_engine_dir=plan.engine_dir("draft") if trt and plan.cfg.draft is not None else plan.llmapi_draft_dir,
+                trtllm_version=plan.trtllm_version if trt or plan.cfg.engine is EngineKind.llmapi else None,
                 kv_cache_fractions=dict(plan.preflight.kv_fractions) if trt else None,
             )
         except BaseException as e:

@@ -1,4 +1,4 @@
-"""HF -> TensorRT-LLM checkpoint through TensorRT-LLM's Python API (``python -m trtspec.build.convert``).
+"""HF -> TensorRT-LLM checkpoint through TensorRT-LLM's Python API (``python -m trtspec.pipeline.convert``).
 
 Used for architectures without a mapped ``convert_checkpoint.py`` (see plan.py). It does what the example
 scripts do internally: for every rank of the tp x pp mapping, ``AutoModelForCausalLM.from_hugging_face``
@@ -16,7 +16,7 @@ import time
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m trtspec.build.convert", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m trtspec.pipeline.convert", description=__doc__)
     p.add_argument("--model_dir", required=True, help="Hugging Face checkpoint directory")
     p.add_argument("--output_dir", required=True, help="TensorRT-LLM checkpoint directory to write")
     p.add_argument("--dtype", default="auto", choices=["auto", "float16", "bfloat16", "float32"])

@@ -10,7 +10,7 @@ Conversion: NVIDIA's ``convert_checkpoint.py`` from the TensorRT-LLM examples sh
 It is the path NVIDIA's draft-target README uses, and its command line is stable across 0.17-1.2 and can
 be checked against the real parser in tests, unlike the Python API whose signatures (QuantConfig, Mapping,
 ``from_hugging_face`` kwargs) moved between releases. Other architectures go through
-``python -m trtspec.build.convert`` (``AutoModelForCausalLM.from_hugging_face`` + ``save_checkpoint`` per
+``python -m trtspec.pipeline.convert`` (``AutoModelForCausalLM.from_hugging_face`` + ``save_checkpoint`` per
 rank, in a child process so its memory is returned). FP8 goes through ``examples/quantization/quantize.py``
 (ModelOpt PTQ, FP8 weights *and* FP8 KV cache: an FP8 KV cache without FP8 weights silently turns off paged
 context FMHA and with it KV-cache reuse).
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trtspec import __version__
-from trtspec.build.preflight import (
+from trtspec.pipeline.preflight import (
     Finding,
     PreflightResult,
     plan_max_num_tokens,
@@ -153,6 +153,14 @@ class Plan:
     checkpoints: dict[str, Path]
     infos: dict[str, CheckpointInfo | None]
     config_path: Path | None = None
+    model_yamls: dict[str, Any] = field(default_factory=dict)  # engine: llmapi: the model.yaml per endpoint
+
+    @property
+    def llmapi_draft_dir(self) -> Path | None:
+        """The draft the llmapi model.yaml names: the FP8 export when the plan quantizes it."""
+        if any(s.name == "quantize-draft" for s in self.steps) and self.cfg.engine is EngineKind.llmapi:
+            return self.output_dir / "checkpoints" / "draft"
+        return None
 
     @property
     def state_dir(self) -> Path:
@@ -211,6 +219,8 @@ class Plan:
         out = []
         for s in self.steps:
             d = s.to_dict()
+            if s.name == "repository" and self.model_yamls:
+                d["model_yaml"] = self.model_yamls
             if s.name == "preflight":
                 d["findings"] = [f.to_dict() for f in self.preflight.findings]
                 d["placement"] = self.preflight.placement
@@ -234,7 +244,7 @@ def convert_argv(
 
 
 def _conversion_args(model_dir: Path, out: Path, m: ModelConfig) -> list[str]:
-    """The arguments convert_checkpoint.py and trtspec.build.convert share."""
+    """The arguments convert_checkpoint.py and trtspec.pipeline.convert share."""
     return [
         "--model_dir", str(model_dir),
         "--output_dir", str(out),
@@ -245,12 +255,13 @@ def _conversion_args(model_dir: Path, out: Path, m: ModelConfig) -> list[str]:
 
 
 def api_convert_argv(tools: Tools, model_dir: Path, out: Path, m: ModelConfig) -> list[str]:
-    """HF -> TensorRT-LLM checkpoint through TensorRT-LLM's Python API (trtspec.build.convert)."""
-    return [tools.python, "-m", "trtspec.build.convert", *_conversion_args(model_dir, out, m)]
+    """HF -> TensorRT-LLM checkpoint through TensorRT-LLM's Python API (trtspec.pipeline.convert)."""
+    return [tools.python, "-m", "trtspec.pipeline.convert", *_conversion_args(model_dir, out, m)]
 
 
-def quantize_argv(tools: Tools, model_dir: Path, out: Path, m: ModelConfig) -> list[str]:
-    """HF -> FP8 TensorRT-LLM checkpoint (ModelOpt PTQ): FP8 weights and FP8 KV cache together."""
+def quantize_argv(tools: Tools, model_dir: Path, out: Path, m: ModelConfig, export_format: str | None = None) -> list[str]:
+    """HF -> FP8 checkpoint (ModelOpt PTQ): FP8 weights and FP8 KV cache together. `export_format="hf"` writes
+    a Hugging Face checkpoint (what the PyTorch backend loads) instead of a TensorRT-LLM one."""
     argv = [
         tools.python, str(tools.quantize_script()),
         "--model_dir", str(model_dir),
@@ -262,6 +273,8 @@ def quantize_argv(tools: Tools, model_dir: Path, out: Path, m: ModelConfig) -> l
         "--tp_size", str(m.tp_size),
         "--pp_size", str(m.pp_size),
     ]  # fmt: skip
+    if export_format:
+        argv += ["--export_format", export_format]
     if tools.calib_dataset:
         argv += ["--calib_dataset", tools.calib_dataset]
     return argv
@@ -445,7 +458,25 @@ def make_plan(
                 )
             )
 
-    repo_deps = [s.name for s in steps if s.name.startswith("build-")] or ["preflight"]
+    if cfg.engine is EngineKind.llmapi and cfg.draft is not None and cfg.draft.quantization == "fp8":
+        out = output_dir / "checkpoints" / "draft"
+        steps.append(
+            Step(
+                name="quantize-draft",
+                description=f"quantize the draft to FP8 (ModelOpt PTQ, {FP8_CALIB_SIZE} calibration samples), "
+                "exported as a Hugging Face checkpoint for the PyTorch backend",
+                kind="process",
+                argv=quantize_argv(tools, checkpoints["draft"], out, cfg.draft, export_format="hf"),
+                env={"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in placement["draft"])},
+                inputs=[str(checkpoints["draft"])],
+                outputs=[out],
+                expect=["config.json"],
+                depends_on=["preflight"],
+                key_parts={"checkpoint": fps["draft"], "tensorrt_llm": trtllm_version},
+                role="draft",
+            )
+        )
+    repo_deps = [s.name for s in steps if s.name.startswith(("build-", "quantize-draft"))] or ["preflight"]
     steps.append(
         Step(
             name="repository",
@@ -499,7 +530,7 @@ def make_plan(
         for role, m in (("target", cfg.target), ("draft", cfg.draft)):
             if m is None:
                 continue
-            for g in pf.placement.get(role, []):
+            for g in pf.placement.get(role, []):  # engine flow only: llmapi has no engine builder
                 gpu = machine.gpu(g)
                 for reason in paged_context_fmha_blockers(m, gpu.sm if gpu else None):
                     if "fp8-unsupported-gpu" not in pf.codes():
@@ -511,11 +542,25 @@ def make_plan(
                         )
     pf.ignore(tuple(ignore))
     plan.preflight = pf
+    if cfg.engine is EngineKind.llmapi:
+        plan.model_yamls = _llmapi_yamls(plan, pf.kv_fractions.get("target"))
     repo = plan.step("repository")
     repo.key_parts["placement"] = pf.placement
     repo.key_parts["kv_fractions"] = pf.kv_fractions
     plan.refresh()
     return plan
+
+
+def _llmapi_yamls(plan: Plan, kv_fraction: float | None) -> dict[str, Any]:
+    """The generated model.yaml per endpoint, or the reason it cannot be generated (a preflight error)."""
+    from trtspec.llmapi.model_yaml import ModelYamlError
+    from trtspec.llmapi.repository import model_yamls
+
+    try:
+        return model_yamls(plan.cfg, draft_dir=plan.llmapi_draft_dir, version=plan.trtllm_version, kv_fraction=kv_fraction)
+    except (ModelYamlError, KeyError) as e:
+        plan.preflight.add("error", "llmapi-model-yaml", str(e).strip("'\""))
+        return {}
 
 
 def _tree_digest(root: Path) -> str | None:

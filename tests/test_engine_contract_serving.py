@@ -1,0 +1,106 @@
+"""Through a real Triton: the reference engine's `tensorrt_llm` model takes every input NVIDIA's declares,
+serves the ones it implements and refuses each one it cannot honour by name, and stays ready."""
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from trtspec.config import parse_config
+from trtspec.contract import nvidia
+from trtspec.reference_engine import DEFAULTS, UNSUPPORTED_INPUTS
+from trtspec.repository import generate_repository
+
+pytestmark = pytest.mark.slow
+
+CONTRACT = nvidia.model_io(nvidia.supported_versions()[-1], "tensorrt_llm")
+NP = {"TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_UINT64": np.uint64, "TYPE_UINT8": np.uint8,
+      "TYPE_FP32": np.float32, "TYPE_FP16": np.float16, "TYPE_BOOL": np.bool_, "TYPE_STRING": np.object_}
+BASE = {"input_ids": [[1, 2, 3, 2]], "input_lengths": [[4]], "request_output_len": [[3]]}
+NON_DEFAULT = {"beam_width": 2, "num_return_sequences": 2, "runtime_top_p_min": 0.5, "runtime_top_p_decay": 0.5,
+               "runtime_top_p_reset_ids": 3}
+SERVED = {  # every implemented input, with a value that takes effect
+    "end_id": [[11]], "pad_id": [[0]], "temperature": [[0.8]], "runtime_top_k": [[4]], "runtime_top_p": [[0.9]],
+    "seed": [[7]], "min_tokens": [[1]], "repetition_penalty": [[1.2]], "presence_penalty": [[0.1]],
+    "frequency_penalty": [[0.1]], "embedding_bias": [[0.0] * 12], "stop_words_list": [[[9], [1]]],
+    "bad_words_list": [[[10], [1]]], "len_penalty": [[1.0]], "early_stopping": [[False]],
+    "beam_search_diversity_rate": [[0.0]], "exclude_input_in_output": [[True]], "streaming": [[False]],
+    "return_log_probs": [[True]], "return_context_logits": [[True]], "return_generation_logits": [[True]],
+    "return_perf_metrics": [[True]], "return_num_input_tokens": [[True]], "return_num_output_tokens": [[True]],
+    "retention_token_range_starts": [[0]], "retention_token_range_ends": [[2]],
+    "retention_token_range_priorities": [[50]], "retention_token_range_durations_ms": [[10]],
+    "retention_decode_priority": [[50]], "retention_decode_duration_ms": [[10]],
+}
+
+
+def _placeholder(t: nvidia.Tensor):
+    shape = [1] + [1 if d < 0 else d for d in t.dims]
+    if t.data_type == "TYPE_STRING":
+        return np.full(shape, b"x", dtype=np.object_)
+    return np.ones(shape, dtype=NP[t.data_type])
+
+
+def _inputs(extra: dict):
+    out = []
+    for name, value in {**BASE, **extra}.items():
+        t = CONTRACT.input(name)
+        arr = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=NP[t.data_type])
+        i = httpclient.InferInput(name, list(arr.shape), t.data_type.removeprefix("TYPE_").replace("STRING", "BYTES"))
+        i.set_data_from_numpy(arr)
+        out.append(i)
+    return out
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory, tiny_target):
+    from trtspec.server import ServerOptions, create_server
+
+    cfg = parse_config({
+        "name": "contract", "engine": "reference", "device": "cpu", "target": {"checkpoint": str(tiny_target)},
+        "speculative": {"draft_source": "ngram"},
+        "limits": {"max_batch_size": 2, "max_input_len": 64, "max_seq_len": 80},
+    })
+    repo = generate_repository(cfg, tmp_path_factory.mktemp("repo") / "model_repository")
+    opts = ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto",
+                         model_control_mode="explicit", load_models=["tensorrt_llm"])  # the tiny model has no tokenizer
+    with create_server(opts) as s:
+        s.wait_ready(300)
+        with httpclient.InferenceServerClient(s.endpoints.http_address) as c:
+            yield c
+
+
+def test_every_served_input_at_once(client):
+    assert set(SERVED) | set(BASE) | set(UNSUPPORTED_INPUTS) | set(DEFAULTS) | {"draft_input_ids", "draft_logits", "stop"} \
+        == {t.name for t in CONTRACT.inputs}  # every declared input is served or refused here
+    wanted = [t.name for t in CONTRACT.outputs if t.name not in ("batch_index", "sequence_index", "context_phase_params")]
+    r = client.infer("tensorrt_llm", _inputs(SERVED), outputs=[httpclient.InferRequestedOutput(n) for n in wanted])
+    ids, n = r.as_numpy("output_ids"), int(r.as_numpy("sequence_length")[0, 0])
+    assert ids.shape[:2] == (1, 1) and n == ids.shape[-1] and 1 <= n <= 3  # exclude_input_in_output: new tokens only
+    assert r.as_numpy("output_log_probs").shape == (1, 1, n) and r.as_numpy("cum_log_probs").shape == (1, 1)
+    assert r.as_numpy("context_logits").shape == (1, 4, 12) and r.as_numpy("generation_logits").shape[-1] == 12
+    assert int(r.as_numpy("num_input_tokens")[0, 0]) == 4 and int(r.as_numpy("num_output_tokens")[0, 0]) == n
+    assert int(r.as_numpy("kv_cache_alloc_total_blocks")[0, 0]) == 1
+    assert 0 < r.as_numpy("arrival_time_ns")[0, 0] <= r.as_numpy("last_token_time_ns")[0, 0]
+
+
+def test_verify_with_draft_tokens(client):
+    r = client.infer("tensorrt_llm", _inputs({"draft_input_ids": [[5, 6]], "request_output_len": [[3]],
+                                              "return_perf_metrics": [[True]]}))
+    assert int(r.as_numpy("total_draft_tokens")[0, 0]) == 2
+    assert r.as_numpy("output_ids")[0, 0, :4].tolist() == [1, 2, 3, 2]
+
+
+@pytest.mark.parametrize("name", sorted(set(UNSUPPORTED_INPUTS) | set(NON_DEFAULT) | {"streaming"}))
+def test_unsupported_input_is_refused_by_name(client, name):
+    t = CONTRACT.input(name)
+    value = {"streaming": np.array([[True]])}.get(name)
+    if name in NON_DEFAULT:
+        value = np.full([1] + [1] * len(t.dims), NON_DEFAULT[name], dtype=NP[t.data_type])
+    with pytest.raises(InferenceServerException, match=name):
+        client.infer("tensorrt_llm", _inputs({name: value if value is not None else _placeholder(t)}))
+    assert client.is_server_ready() and client.is_model_ready("tensorrt_llm")
+
+
+def test_stop_is_an_empty_answer(client):
+    r = client.infer("tensorrt_llm", _inputs({"stop": [[True]], "request_output_len": [[0]]}), outputs=[])
+    assert r.get_response().get("outputs", []) == []

@@ -1,0 +1,305 @@
+"""The OpenAI-compatible API through a real Triton on CPU (demo pair, reference engine), with the official
+`openai` client: chat and completions, streamed and not, equal to the ensemble's own output; usage from
+token ids; stop strings; speculation controls; errors in OpenAI's shape; a dropped stream stops in Triton."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from trtspec.client import Client
+from trtspec.config import parse_config
+from trtspec.openai.stop import StopMatcher
+from trtspec.repository import generate_repository
+
+MAX_TOKENS = 12
+MAX_INPUT_LEN = 256
+QUESTION = "What is the capital of France?"
+COUNTING = "Count from one to one hundred: one, two, three, four,"
+
+
+# ------------------------------------------------------------------------------------------ fast, no server
+
+
+def test_stop_matcher_holds_back_a_possible_stop_string() -> None:
+    m = StopMatcher(["</end>"])
+    assert m.feed("Hello </") == "Hello "  # "</" may start the stop string
+    assert m.feed("b>") == "</b>"  # it did not
+    assert m.feed(" then </en") == " then "
+    assert m.feed("d> more") == "" and m.stopped
+    assert m.feed("anything") == "" and m.flush() == ""
+
+
+def test_stop_matcher_releases_held_text_at_the_end() -> None:
+    m = StopMatcher(["STOP", "x"])
+    assert m.feed("abcST") == "abc"
+    assert m.flush() == "ST" and not m.stopped
+
+
+def test_bad_request_errors_from_triton_are_400() -> None:
+    from trtspec.openai.backend import _triton_error
+    from trtspec.triton_io import BAD_REQUEST
+
+    e = _triton_error(f"in ensemble 'ensemble', {BAD_REQUEST}text_input is empty")
+    assert e.status == 400 and e.message == "text_input is empty"
+    assert _triton_error("speculative loop: engine died").status == 500
+
+
+# ------------------------------------------------------------------------------------------ a real server
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    from trtspec.openai.server import OpenAIServer
+    from trtspec.server import ServerOptions, create_server
+
+    cfg = parse_config({
+        "name": "test",
+        "engine": "reference",
+        "device": "cpu",
+        "target": {"checkpoint": "demo:target", "dtype": "float32"},
+        "draft": {"checkpoint": "demo:draft", "dtype": "float32"},
+        "speculative": {"max_draft_len": 4, "num_draft_tokens": 3},
+        "limits": {"max_batch_size": 4, "max_input_len": MAX_INPUT_LEN, "max_seq_len": 320},
+        "triton": {"speculative_instance_count": 2},
+    })
+    repo = generate_repository(cfg, tmp_path_factory.mktemp("spec-demo") / "model_repository")
+    opts = ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto",
+                         extra_env={"TRTSPEC_TORCH_THREADS": "1"})
+    with create_server(opts) as triton:
+        triton.wait_ready(300)
+        with OpenAIServer(repo, triton.endpoints.grpc_address, host="127.0.0.1", port=0) as api:
+            yield triton, api
+
+
+@pytest.fixture(scope="module")
+def triton(deployment):
+    return deployment[0]
+
+
+@pytest.fixture(scope="module")
+def api(deployment):
+    return deployment[1]
+
+
+@pytest.fixture(scope="module")
+def client(api):
+    import openai
+
+    return openai.OpenAI(base_url=api.url, api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(api):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(api.deployment.tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def name(api):
+    return api.deployment.name
+
+
+def _ensemble(triton, prompt: str, model: str = "ensemble", **params):
+    return Client(triton.endpoints.grpc_address, "grpc", model).generate(prompt, MAX_TOKENS, **params)
+
+
+def _chat_prompt(tokenizer, text: str) -> str:
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def _post(api, path: str, body: bytes | dict) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(api.url + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.slow
+def test_models_are_the_deployment_and_its_baseline(client, name) -> None:
+    models = {m.id: m.model_extra["triton_model"] for m in client.models.list().data}
+    assert name == "spec-demo0"  # the repository's folder: a generated repository has no manifest
+    assert models == {name: "ensemble", f"{name}-baseline": "baseline"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_equals_the_ensemble_on_the_rendered_template(client, triton, tokenizer, name, stream) -> None:
+    want = _ensemble(triton, _chat_prompt(tokenizer, QUESTION))
+    kwargs = dict(model=name, messages=[{"role": "user", "content": QUESTION}], max_tokens=MAX_TOKENS,
+                  temperature=0, extra_body={"return_token_ids": True})
+    if not stream:
+        r = client.chat.completions.create(**kwargs)
+        text, ids, finish = r.choices[0].message.content, r.choices[0].model_extra["token_ids"], r.choices[0].finish_reason
+        usage, spec = r.usage, r.model_extra["speculative"]
+    else:
+        chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        ids = [t for c in chunks if c.choices for t in c.choices[0].model_extra.get("token_ids", [])]
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        usage = chunks[-1].usage
+        spec = next(c.model_extra["speculative"] for c in chunks if c.model_extra.get("speculative"))
+        assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 1  # really streamed
+    assert text == want.text and ids == want.token_ids
+    assert usage.completion_tokens == len(want.token_ids)
+    assert usage.prompt_tokens == len(tokenizer.encode(_chat_prompt(tokenizer, QUESTION), add_special_tokens=False))
+    assert finish == ("length" if len(ids) == MAX_TOKENS else "stop")
+    assert spec["num_iterations"] > 0 and spec["total_draft_tokens"] > 0
+    assert 0 <= spec["total_accepted_draft_tokens"] <= spec["total_draft_tokens"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_equals_the_ensemble_and_counts_usage_from_ids(client, triton, tokenizer, name, stream) -> None:
+    want = _ensemble(triton, COUNTING)
+    assert len(want.token_ids) == MAX_TOKENS  # counting goes on: the request ends at max_tokens
+    kwargs = dict(model=name, prompt=COUNTING, max_tokens=MAX_TOKENS, temperature=0)
+    if not stream:
+        r = client.completions.create(**kwargs)
+        text, finish, usage = r.choices[0].text, r.choices[0].finish_reason, r.usage
+    else:
+        chunks = list(client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        usage = chunks[-1].usage
+    assert text == want.text and finish == "length"
+    assert usage.completion_tokens == MAX_TOKENS and usage.prompt_tokens == len(tokenizer.encode(COUNTING))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_ends_the_text_before_the_stop_string(client, triton, name, stream) -> None:
+    full = _ensemble(triton, COUNTING).text
+    stop = full[full.index(",", 3) : full.index(",", 3) + 3]  # a stop string in the middle of the output
+    kwargs = dict(model=name, prompt=COUNTING, max_tokens=MAX_TOKENS, temperature=0, stop=[stop, "never-seen"])
+    if not stream:
+        r = client.completions.create(**kwargs)
+        text, finish, usage = r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens
+    else:
+        chunks = list(client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        usage = chunks[-1].usage.completion_tokens
+    assert text == full[: full.index(stop)] and finish == "stop"
+    assert usage < MAX_TOKENS  # the request ended in Triton at the stop string, not at max_tokens
+
+
+@pytest.mark.slow
+def test_speculation_controls_and_the_baseline_model(client, triton, name) -> None:
+    def run(model: str, **extra):
+        r = client.completions.create(model=model, prompt=COUNTING, max_tokens=MAX_TOKENS, temperature=0,
+                                      extra_body=extra)
+        return r.choices[0].text, r.model_extra["speculative"]
+
+    spec_text, spec = run(name, num_draft_tokens=4, draft_source="ngram", draft_length_policy="fixed")
+    base_text, base = run(f"{name}-baseline")
+    off_text, off = run(name, num_draft_tokens=0)
+    assert spec_text == base_text == off_text  # greedy: speculation never changes the text
+    assert spec["total_draft_tokens"] > 0 and spec["accepted_by_source"][0] == 0  # [model, ngram]: n-gram only
+    assert base["total_draft_tokens"] == 0 and off["total_draft_tokens"] == 0
+
+
+def _assert_error(api, status: int, body, param: str | None = None, says: str = "") -> dict:
+    code, reply = _post(api, "/chat/completions", body)
+    assert code == status, reply
+    assert set(reply) == {"error"} and set(reply["error"]) == {"message", "type", "param", "code"}, reply
+    assert reply["error"]["type"] == ("invalid_request_error" if status < 500 else "server_error")
+    if param is not None:
+        assert reply["error"]["param"] == param, reply
+    assert says in reply["error"]["message"], reply
+    return reply["error"]
+
+
+@pytest.mark.slow
+def test_errors_have_the_openai_shape_and_the_server_stays_healthy(api, client, name) -> None:
+    import openai
+
+    ok = {"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    _assert_error(api, 400, b'{"model": "x", "messages": [', says="not valid JSON")
+    _assert_error(api, 404, {**ok, "model": "nope"}, "model", says=f"{name}-baseline")
+    long = {**ok, "messages": [{"role": "user", "content": "word " * 400}]}
+    _assert_error(api, 400, long, "messages", says=f"limit of {MAX_INPUT_LEN} tokens")
+    _assert_error(api, 400, {**ok, "max_tokens": MAX_INPUT_LEN}, "messages", says="max_input_len")
+    for field, value in (("temperature", -1), ("top_p", 0), ("top_p", 1.5), ("max_tokens", 0), ("n", 2),
+                         ("num_draft_tokens", -1), ("draft_source", "oracle"), ("draft_length_policy", "x")):
+        _assert_error(api, 400, {**ok, field: value}, field)
+    _assert_error(api, 400, {**ok, "num_draft_tokens": 99}, "num_draft_tokens", says="max_draft_len (4)")
+    _assert_error(api, 400, {**ok, "messages": [{"role": "wizard", "content": "x"}]}, says="messages.0.role")
+    _assert_error(api, 400, {**ok, "messages": []}, "messages")
+    _assert_error(api, 400, {**ok, "logprobs": True}, says="logprobs is not supported")
+    # non-finite numbers are not JSON, but Python's json writes them: still a 400
+    _assert_error(api, 400, b'{"model": "%s", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}'
+                  % name.encode(), says="temperature")
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=name, prompt="x", max_tokens=2, temperature=-0.5)
+    r = client.chat.completions.create(**ok)  # still serving
+    assert r.choices[0].message.content and r.usage.completion_tokens > 0
+
+
+def _counters(triton) -> tuple[float, float, float]:
+    from trtspec.bench.metrics import scrape, value
+
+    s = scrape(triton.endpoints.metrics)
+    return (value(s, "spec_decode_num_requests", model="speculative"),
+            value(s, "spec_decode_num_emitted_tokens", model="speculative"),
+            value(s, "nv_inference_pending_request_count"))
+
+
+@pytest.mark.slow
+def test_a_dropped_stream_stops_its_request_in_triton(client, triton, name) -> None:
+    requests_before, emitted_before, _ = _counters(triton)
+    stream = client.completions.create(model=name, prompt=COUNTING, max_tokens=200, temperature=0, stream=True)
+    for i, _chunk in enumerate(stream):
+        if i == 2:
+            break
+    stream.close()  # the client goes away mid-stream
+    dropped = time.monotonic()
+    while _counters(triton)[0] == requests_before:  # the loop records a request when it ends
+        assert time.monotonic() - dropped < 30, "the request still runs in Triton after its client left"
+        time.sleep(0.2)
+    requests, emitted, pending = _counters(triton)
+    time.sleep(1.5)
+    assert _counters(triton)[:2] == (requests, emitted)  # nothing keeps generating
+    assert requests == requests_before + 1 and pending == 0
+    assert emitted - emitted_before < 40  # the prompt counts on for 100+ tokens: cancelled, not finished
+
+
+@pytest.mark.slow
+def test_bench_through_the_openai_api(api, triton) -> None:
+    from trtspec.bench import BenchSettings, run_bench
+    from trtspec.bench.prompts import builtin_prompts
+
+    settings = BenchSettings(url=api.url.removesuffix("/v1"), api="openai", max_tokens=8, concurrency=(1,),
+                             draft_tokens=(0, 2), requests_per_cell=2, warmup=0, metrics_url=triton.endpoints.metrics)
+    run = run_bench(settings, builtin_prompts(["chat"])[:2])
+    records = [r for c in run.cells for r in c.records]
+    assert len(records) == 4 and not [r.error for r in records if r.error]
+    assert all(r.output_tokens > 0 and r.ttft_s is not None for r in records)
+    spec = [r for r in records if r.cell.speculative]
+    assert spec and all(r.stats.total_draft_tokens > 0 for r in spec)
+    assert run.metrics_check["status"] == "ok", run.metrics_check  # counts equal the loop's own counters
+
+
+@pytest.mark.slow
+def test_infer_chat_goes_through_the_openai_api(api) -> None:
+    from click.testing import CliRunner
+
+    from trtspec.commands import infer
+
+    result = CliRunner().invoke(infer.command, [QUESTION, "--chat", "--openai-url", api.url.removesuffix("/v1"),
+                                                "-n", str(MAX_TOKENS), "--stream", "-k", "2"])
+    assert result.exit_code == 0, result.output
+    assert "Paris" in result.output and "target calls" in result.output
+    result = CliRunner().invoke(infer.command, [QUESTION, "--chat", "--openai-url", "127.0.0.1:9"])
+    assert result.exit_code != 0 and "cannot reach the OpenAI API" in result.output

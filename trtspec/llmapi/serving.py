@@ -1,0 +1,99 @@
+"""What the llmapi Triton model does between Triton tensors and the LLM API, free of Triton imports.
+
+Request names are the `ensemble` endpoint's (its config.pbtxt is the template of this model's), so clients,
+`trtspec infer` and `trtspec bench` do not see which flavour serves them. Statistics are the ones TensorRT-LLM
+reports per request (acceptance_rate, total_accepted_draft_tokens, total_draft_tokens; num_iterations from
+the request's first and last scheduler iteration); the loop-only ones (per-position counts, num_drafts,
+draft fallbacks) have no TensorRT-LLM source and are left out of the response rather than faked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from trtspec.contract import REQUEST_FIELDS
+from trtspec.contract import RequestError as ContractRequestError
+from trtspec.metrics import SpecStats
+
+# the statistics TensorRT-LLM reports per request (trtspec.contract names); the others have no source there
+REPORTED_STATS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_iterations")
+
+Getter = Callable[[str], Any]  # (input name) -> python scalar, list of str, or None
+
+
+class RequestError(ValueError):
+    pass
+
+
+@dataclass
+class ParsedRequest:
+    prompt: str
+    streaming: bool
+    sampling: dict[str, Any]
+
+
+def parse(get: Getter, default_draft_len: int) -> ParsedRequest:
+    text = get("text_input")
+    if not text or not str(text).strip():
+        raise RequestError("text_input is empty")
+    max_tokens = int(get("max_tokens") or 0)
+    if max_tokens <= 0:
+        raise RequestError(f"max_tokens must be > 0, got {max_tokens}")
+    k = get("num_draft_tokens")
+    if k is not None and int(k) > default_draft_len:
+        raise RequestError(
+            f"num_draft_tokens {k} is larger than max_draft_len {default_draft_len}; this deployment (engine: llmapi) "
+            "drafts up to max_draft_len per step, as TensorRT-LLM's schedule decides"
+        )
+    if get("use_draft_logits"):
+        raise RequestError("use_draft_logits: not available with engine: llmapi (TensorRT-LLM verifies drafts itself)")
+    source = get("draft_source")
+    if source and source not in ("model", "ngram"):
+        raise RequestError(f"draft_source {source!r}: engine: llmapi speculates with its configured drafter only")
+    sampling: dict[str, Any] = {"max_tokens": max_tokens, "return_perf_metrics": True}
+    for f in REQUEST_FIELDS:  # the checks every flavour applies (trtspec.contract)
+        if f.dims == (1,) and f.dtype != "STRING":
+            try:
+                f.validate(get(f.name))
+            except ContractRequestError as e:
+                raise RequestError(str(e)) from None
+    for name, key, cast in (
+        ("temperature", "temperature", float),
+        ("top_k", "top_k", int),
+        ("top_p", "top_p", float),
+        ("seed", "seed", int),
+        ("end_id", "end_id", int),
+        ("pad_id", "pad_id", int),
+    ):
+        v = get(name)
+        if v is not None:
+            sampling[key] = cast(v)
+    for name, key in (("stop_words", "stop"), ("bad_words", "bad")):
+        words = [w for w in (get(name) or []) if w]
+        if words:
+            sampling[key] = words
+    return ParsedRequest(str(text), bool(get("stream")), sampling)
+
+
+def stats_of(output: Any) -> SpecStats:
+    """trtspec's counters from one CompletionOutput's TensorRT-LLM perf metrics."""
+    st = SpecStats()
+    pm = getattr(output, "request_perf_metrics", None)
+    if pm is None:
+        return st
+    sd = pm.speculative_decoding
+    st.total_draft_tokens = int(sd.total_draft_tokens)
+    st.total_accepted_draft_tokens = int(sd.total_accepted_draft_tokens)
+    st.num_iterations = int(pm.last_iter) - int(pm.first_iter) + 1
+    return st
+
+
+def response_tensors(text: str, token_ids: list[int], stats: SpecStats) -> dict[str, np.ndarray]:
+    arrays = stats.to_arrays()
+    return {
+        "text_output": np.array([[text.encode("utf-8")]], dtype=np.object_),
+        "output_ids": np.asarray(token_ids, dtype=np.int32).reshape(1, -1),
+    } | {name: arrays[name] for name in REPORTED_STATS}

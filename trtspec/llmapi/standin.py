@@ -1,0 +1,339 @@
+"""A CPU stand-in for the part of TensorRT-LLM's LLM API that trtspec's llmapi Triton model uses.
+
+It follows the real API's names and behaviour (recorded in api_surface.json and checked by the tests):
+`LLM(model, speculative_config=..., **TorchLlmArgs)`, `generate_async(inputs, sampling_params,
+streaming=True)` returning an async-iterable `RequestOutput` whose `outputs[0]` carries cumulative
+`token_ids`/`text`, their `*_diff`, `finish_reason`, and `request_perf_metrics.speculative_decoding`.
+
+Behind it run trtspec's reference engine and trtspec's speculative loop (greedy verification or
+rejection sampling, trtspec.loop), so the llmapi flavour's Triton model, repository and clients are
+exercised on CPU exactly as they are on a GPU. Requests are served by one scheduler thread that advances
+every request in flight by one speculative iteration per round (a "batch"), interleaved; a batched engine
+slots in behind `_Scheduler.step_all`. TensorRT-LLM's load controls are honoured per request at admission
+(`max_concurrency`, `draft_len_schedule` by the number of requests in flight) and across requests
+(`acceptance_window` / `acceptance_length_threshold` switch speculation off for good).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from trtspec.config import SpeculativeConfig
+from trtspec.llmapi.fields import version_fields
+from trtspec.loop import Step, LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
+from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors
+
+TARGET, DRAFT = "target", "draft"
+
+
+@dataclass
+class SamplingParams:
+    end_id: int | None = None
+    pad_id: int | None = None
+    max_tokens: int = 32
+    bad: str | list[str] | None = None
+    stop: str | list[str] | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    min_tokens: int | None = None
+    return_perf_metrics: bool = False
+    detokenize: bool = True
+
+
+@dataclass
+class SpeculativeDecodingMetrics:
+    acceptance_rate: float = 0.0
+    total_accepted_draft_tokens: int = 0
+    total_draft_tokens: int = 0
+
+
+@dataclass
+class RequestPerfMetrics:
+    first_iter: int = 0
+    last_iter: int = 0
+    iter: int = 0
+    speculative_decoding: SpeculativeDecodingMetrics = field(default_factory=SpeculativeDecodingMetrics)
+
+
+@dataclass
+class CompletionOutput:
+    index: int = 0
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    request_perf_metrics: RequestPerfMetrics | None = None
+    _prev_text: int = 0
+    _prev_ids: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def text_diff(self) -> str:
+        return self.text[self._prev_text :]
+
+    @property
+    def token_ids_diff(self) -> list[int]:
+        return self.token_ids[self._prev_ids :]
+
+
+@dataclass
+class _Update:
+    new_tokens: list[int]
+    stats: Any
+    first_iter: int
+    last_iter: int
+    finish_reason: str | None = None
+    error: BaseException | None = None
+
+
+class RequestOutput:
+    """One request's output, updated in place on every streamed step (as TensorRT-LLM's is)."""
+
+    def __init__(self, request_id: int, prompt: str | None, prompt_ids: list[int], llm: "LLM", sp: SamplingParams):
+        self.request_id, self.prompt, self.prompt_token_ids = request_id, prompt, prompt_ids
+        self.outputs = [CompletionOutput()]
+        self.finished = False
+        self._llm, self._sp = llm, sp
+        self._loop = asyncio.get_running_loop()
+        self._updates: asyncio.Queue[_Update] = asyncio.Queue()
+        self.aborted = threading.Event()
+
+    def abort(self) -> None:
+        """Stop generating: the scheduler drops the request at its next round."""
+        self.aborted.set()
+
+    def _post(self, update: _Update) -> None:  # scheduler thread
+        self._loop.call_soon_threadsafe(self._updates.put_nowait, update)
+
+    def _apply(self, u: _Update) -> None:
+        out = self.outputs[0]
+        out._prev_text, out._prev_ids = len(out.text), len(out.token_ids)
+        out.token_ids = out.token_ids + u.new_tokens
+        final = u.finish_reason is not None
+        if self._sp.detokenize:
+            text = self._llm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            if final or not text.endswith("\ufffd"):  # hold back a partial UTF-8 character
+                out.text = text
+        if self._sp.return_perf_metrics and u.stats is not None:
+            st = u.stats
+            out.request_perf_metrics = RequestPerfMetrics(
+                first_iter=u.first_iter,
+                last_iter=u.last_iter,
+                iter=u.last_iter,
+                speculative_decoding=SpeculativeDecodingMetrics(
+                    st.acceptance_rate, st.total_accepted_draft_tokens, st.total_draft_tokens
+                ),
+            )
+        if final:
+            out.finish_reason = u.finish_reason
+            self.finished = True
+
+    def __aiter__(self) -> "RequestOutput":
+        return self
+
+    async def __anext__(self) -> "RequestOutput":
+        if self.finished:
+            raise StopAsyncIteration
+        u = await self._updates.get()
+        if u.error is not None:
+            self.finished = True
+            raise u.error
+        self._apply(u)
+        return self
+
+    async def aresult(self) -> "RequestOutput":
+        async for _ in self:
+            pass
+        return self
+
+
+class _EngineCall:
+    """trtspec.loop's engine interface served in process: tensors in, tensors out, as Triton would."""
+
+    def __init__(self, engines: dict[str, ReferenceEngine]):
+        self.engines = engines
+
+    def __call__(self, model: str, tensors: dict[str, np.ndarray], wanted: list[str]) -> dict[str, np.ndarray]:
+        result = self.engines[model].run(request_from_tensors(tensors.get))
+        return result_tensors(result, tensors.get)
+
+
+@dataclass
+class _Active:
+    out: RequestOutput
+    steps: Iterator[Step]
+    first_iter: int
+    stats: Any = None
+
+
+class _Scheduler(threading.Thread):
+    """Advances every request in flight by one speculative iteration per round."""
+
+    def __init__(self, llm: "LLM"):
+        super().__init__(name="llmapi-standin", daemon=True)
+        self.llm = llm
+        self.incoming: "queue.Queue[tuple[RequestOutput, LoopRequest] | None]" = queue.Queue()
+        self.active: list[_Active] = []
+        self.round = 0
+
+    def run(self) -> None:
+        while True:
+            block = not self.active
+            try:
+                while True:
+                    item = self.incoming.get(block=block)
+                    block = False
+                    if item is None:
+                        return
+                    self._admit(*item)
+            except queue.Empty:
+                pass
+            self.step_all()
+            self.round += 1
+
+    def _admit(self, out: RequestOutput, req: LoopRequest) -> None:
+        req.num_draft_tokens = self.llm.draft_len_for(len(self.active) + 1)
+        self.active.append(_Active(out, self.llm.loop.run(req), self.round))
+
+    def step_all(self) -> None:
+        still = []
+        for a in self.active:
+            if a.out.aborted.is_set():
+                a.out._post(_Update([], a.stats, a.first_iter, self.round, "cancelled"))
+                continue
+            try:
+                chunk = next(a.steps)
+            except Exception as e:  # noqa: BLE001 - reported to the caller of generate_async
+                a.out._post(_Update([], None, a.first_iter, self.round, error=e))
+                continue
+            a.stats = chunk.stats
+            reason = None
+            if chunk.final:
+                reason = "length" if len(chunk.generated_before) + len(chunk.new_tokens) >= a.out._sp.max_tokens else "stop"
+                self.llm.record_acceptance(chunk.stats)
+            a.out._post(_Update(list(chunk.new_tokens), chunk.stats, a.first_iter, self.round, reason))
+            if not chunk.final:
+                still.append(a)
+        self.active = still
+
+
+class LLM:
+    """`tensorrt_llm.LLM` for CPU: the arguments are TorchLlmArgs fields (unknown ones are refused, as the
+    real pydantic model refuses them); the ones that matter on CPU are used, the rest are accepted as is."""
+
+    def __init__(self, model: str | Path, tokenizer: str | Path | None = None, speculative_config: Any = None, **kwargs: Any):
+        from transformers import AutoTokenizer
+
+        known = set(version_fields()["TorchLlmArgs"])
+        unknown = sorted(k for k in kwargs if k not in known)
+        if unknown:
+            raise TypeError(f"LLM() got unexpected arguments: {', '.join(unknown)}")
+        self.args = dict(kwargs, model=str(model), speculative_config=speculative_config)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or model))
+        spec = dict(speculative_config or {})
+        kinds = {d["decoding_type"]: src for src, d in version_fields()["decoding_types"].items()}
+        self.source = kinds.get(spec.get("decoding_type")) if spec else None
+        if spec and self.source is None:
+            raise ValueError(f"speculative_config.decoding_type {spec.get('decoding_type')!r}: expected one of {sorted(kinds)}")
+        self.max_draft_len = int(spec.get("max_draft_len") or 0)
+        self.max_concurrency = spec.get("max_concurrency")
+        self.schedule = sorted((int(b), int(k)) for b, k in (spec.get("draft_len_schedule") or {}).items())
+        self.window = int(spec.get("acceptance_window") or 0)
+        self.threshold = float(spec.get("acceptance_length_threshold") or 0.0)
+        self._lengths: list[float] = []
+        self.speculation_off = False
+
+        engines = {TARGET: ReferenceEngine(model, dtype="float32", cache_entries=2 * int(kwargs.get("max_batch_size") or 8))}
+        draft = spec.get("speculative_model") or spec.get("speculative_model_dir")
+        if self.source == "model":
+            engines[DRAFT] = ReferenceEngine(draft, dtype="float32", salt=1, use_draft_vocab=True)
+        # TensorRT-LLM's NGram drafter has no minimum n-gram size: n goes down to 1
+        ngram_max = int(spec.get("max_matching_ngram_size") or 2)
+        settings = LoopSettings(
+            speculative=SpeculativeConfig(
+                max_draft_len=max(1, self.max_draft_len),
+                num_draft_tokens=self.max_draft_len,
+                draft_source=self.source or "model",
+                ngram_max=ngram_max,
+                ngram_min=1,
+            ),
+            max_input_len=int(kwargs.get("max_seq_len") or 1 << 30),
+            target_model=TARGET,
+            draft_model=DRAFT if self.source == "model" else None,
+            draft_disabled=self.source is None,
+        )
+        self.loop = SpeculativeLoop(settings, _EngineCall(engines))
+        self._ids = itertools.count()
+        self._scheduler = _Scheduler(self)
+        self._scheduler.start()
+
+    # ------------------------------------------------------------------ load controls
+
+    def draft_len_for(self, batch_size: int) -> int:
+        if self.source is None or self.speculation_off:
+            return 0
+        if self.max_concurrency is not None and batch_size > self.max_concurrency:
+            return 0
+        k = self.max_draft_len
+        for b, length in self.schedule:
+            if batch_size >= b:
+                k = length
+        return k
+
+    def record_acceptance(self, stats: Any) -> None:
+        if not self.window or not stats.num_drafts:
+            return
+        self._lengths = (self._lengths + [stats.mean_acceptance_length])[-self.window :]
+        if len(self._lengths) == self.window and sum(self._lengths) / self.window < self.threshold:
+            self.speculation_off = True
+
+    # ------------------------------------------------------------------ the API
+
+    def generate_async(
+        self, inputs: str | list[int], sampling_params: SamplingParams | None = None, streaming: bool = False
+    ) -> RequestOutput:
+        sp = sampling_params or SamplingParams()
+        prompt = inputs if isinstance(inputs, str) else None
+        ids = self.tokenizer.encode(inputs) if isinstance(inputs, str) else [int(t) for t in inputs]
+        out = RequestOutput(next(self._ids), prompt, ids, self, sp)
+        stop, bad = self._words(sp.stop), self._words(sp.bad)
+        end_id = sp.end_id if sp.end_id is not None else self.tokenizer.eos_token_id
+        req = LoopRequest(
+            prompt=ids,
+            max_tokens=sp.max_tokens,
+            end_id=None if end_id is None or end_id < 0 else end_id,
+            pad_id=sp.pad_id,
+            stop_words=stop,
+            bad_words=bad,
+            temperature=sp.temperature,
+            top_k=sp.top_k,
+            top_p=sp.top_p,
+            seed=sp.seed,
+        )
+        self._scheduler.incoming.put((out, req))
+        return out
+
+    def _words(self, words: str | list[str] | None) -> list[list[int]]:
+        if not words:
+            return []
+        words = [words] if isinstance(words, str) else list(words)
+        return [s for s in (self.tokenizer.encode(w, add_special_tokens=False) for w in words if w) if s]
+
+    def shutdown(self) -> None:
+        self._scheduler.incoming.put(None)
+
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "LoopRequestError"]

@@ -1,0 +1,202 @@
+"""The OpenAI-compatible HTTP API (FastAPI): /v1/models, /v1/completions, /v1/chat/completions, streamed as
+server-sent events or not, over a backend that talks to the deployment's Triton endpoints.
+
+Every request is streamed from Triton, also when the client asked for one response: a stop string found in
+the text ends the request in Triton at once instead of after max_tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from trtspec.client import request_fields
+from trtspec.openai.backend import TritonBackend, TritonStream
+from trtspec.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, _GenerationRequest
+from trtspec.openai.stop import StopMatcher
+
+
+def _error_response(e: OpenAIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def _validation_error(exc: RequestValidationError) -> OpenAIError:
+    """FastAPI answers 422 with its own shape; OpenAI clients expect 400 and the error object."""
+    first = exc.errors()[0] if exc.errors() else {}
+    param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    if first.get("type") == "json_invalid":
+        return OpenAIError(400, f"the request body is not valid JSON: {message}")
+    return OpenAIError(400, f"{param}: {message}" if param else message, param=param)
+
+
+class _Output:
+    """The generation so far: token ids, the text released past the stop strings, the latest statistics."""
+
+    def __init__(self, stops: list[str], max_tokens: int) -> None:
+        self.matcher, self.max_tokens = StopMatcher(stops), max_tokens
+        self.ids: list[int] = []
+        self.text = ""
+        self.stats: dict[str, Any] = {}  # the latest statistics, as the wire names them (trtspec.contract)
+
+    async def deltas(self, stream: TritonStream) -> AsyncIterator[tuple[str, list[int]]]:
+        """(text, token ids) per response; ends at a stop string and then cancels the rest in Triton."""
+        try:
+            async for chunk in stream:
+                self.ids += chunk.token_ids
+                self.stats = chunk.stats.to_wire() if chunk.stats is not None else self.stats
+                text = self.matcher.feed(chunk.text)
+                self.text += text
+                yield text, chunk.token_ids
+                if self.matcher.stopped:
+                    return
+            tail = self.matcher.flush()
+            self.text += tail
+            if tail:
+                yield tail, []
+        finally:
+            stream.cancel()
+
+    @property
+    def finish_reason(self) -> str:
+        return "stop" if self.matcher.stopped or len(self.ids) < self.max_tokens else "length"
+
+    def usage(self, prompt_tokens: int) -> dict[str, int]:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": len(self.ids),
+                "total_tokens": prompt_tokens + len(self.ids)}
+
+
+class _Reply:
+    """The OpenAI objects of one request, chat or text completion."""
+
+    def __init__(self, chat: bool, model: str, return_token_ids: bool) -> None:
+        self.chat, self.model, self.return_token_ids = chat, model, return_token_ids
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def choice(self, text: str, ids: list[int] | None, finish_reason: str | None, delta: bool) -> dict[str, Any]:
+        c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        if self.chat:
+            c["delta" if delta else "message"] = {"role": "assistant", "content": text}
+        else:
+            c["text"] = text
+        if self.return_token_ids and ids is not None:
+            c["token_ids"] = ids
+        return c
+
+    def envelope(self, choices: list[dict[str, Any]], stream: bool, **extra: Any) -> dict[str, Any]:
+        obj = ("chat.completion.chunk" if stream else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices,
+                **extra}
+
+
+def create_app(backend: TritonBackend) -> FastAPI:
+    deployment = backend.deployment
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await backend.open()
+        try:
+            yield
+        finally:
+            await backend.close()
+
+    app = FastAPI(title=f"trtspec: {deployment.name}", lifespan=lifespan,
+                  description="OpenAI-compatible API over a trtspec speculative decoding deployment on Triton")
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_request: Request, exc: OpenAIError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error_response(_validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error_response(OpenAIError(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        return _error_response(OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "trtspec", "triton_model": triton_model}
+            for name, triton_model in deployment.models.items()
+        ]}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(req: CompletionRequest) -> Any:
+        return await _generate(req, str(req.prompt), "prompt", chat=False)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(req: ChatCompletionRequest) -> Any:
+        return await _generate(req, backend.render_chat(req.template_messages()), "messages", chat=True)
+
+    async def _generate(req: _GenerationRequest, prompt: str, prompt_param: str, chat: bool) -> Any:
+        triton_model = deployment.models.get(req.model)
+        if triton_model is None:
+            raise OpenAIError(404, f"model {req.model!r} does not exist; this server serves "
+                                   f"{', '.join(deployment.models)}", param="model", code="model_not_found")
+        prompt_ids = backend.encode(prompt)
+        prompt_tokens = len(prompt_ids)
+        limit = deployment.max_input_len
+        max_tokens = req.requested_max_tokens or limit - prompt_tokens
+        if prompt_tokens + max_tokens > limit or max_tokens < 1:
+            raise OpenAIError(400, f"the prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds this "
+                                   f"deployment's limit of {limit} tokens (max_input_len): shorten the prompt or "
+                                   "lower max_tokens", param=prompt_param, code="context_length_exceeded")
+        if req.num_draft_tokens is not None and req.num_draft_tokens > deployment.max_draft_len:
+            raise OpenAIError(400, f"num_draft_tokens {req.num_draft_tokens} is larger than this deployment's "
+                                   f"max_draft_len ({deployment.max_draft_len})", param="num_draft_tokens")
+        fields = request_fields(
+            prompt, max_tokens, True, num_draft_tokens=req.num_draft_tokens, use_draft_logits=req.use_draft_logits,
+            temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
+            stop_words=list(req.stop or []) or None, draft_source=req.draft_source,
+            draft_length_policy=req.draft_length_policy,
+        )
+        out = _Output(list(req.stop or []), max_tokens)
+        reply = _Reply(chat, req.model, req.return_token_ids)
+        del fields["text_input"]
+        deltas = out.deltas(backend.generate(triton_model, prompt_ids, fields))
+        # the first response before answering: a request Triton refuses gets its status code, not a broken stream
+        first = await anext(deltas, None)
+        if not req.stream:
+            async for _ in deltas:
+                pass
+            return reply.envelope([reply.choice(out.text, out.ids, out.finish_reason, delta=False)], stream=False,
+                                  usage=out.usage(prompt_tokens), speculative=out.stats)
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                if first is not None:
+                    yield json.dumps(reply.envelope([reply.choice(*first, None, delta=True)], stream=True))
+                async for text, ids in deltas:
+                    if text or ids:
+                        yield json.dumps(reply.envelope([reply.choice(text, ids, None, delta=True)], stream=True))
+                yield json.dumps(reply.envelope([reply.choice("", [], out.finish_reason, delta=True)], stream=True,
+                                                speculative=out.stats))
+                if req.include_usage:
+                    yield json.dumps(reply.envelope([], stream=True, usage=out.usage(prompt_tokens)))
+            except OpenAIError as e:
+                yield json.dumps(e.body())
+            yield "[DONE]"
+
+        return EventSourceResponse(events(), sep="\n")
+
+    return app

@@ -1,0 +1,142 @@
+"""OpenAI request bodies (pydantic) with trtspec's speculation controls as extra fields, and the error shape.
+
+Only what the deployment can honour is accepted: a value it cannot serve (n > 1, logprobs) is a 400 naming
+the field, never silently ignored. Unknown fields are allowed, as OpenAI clients send fields this server does
+not need (`user`, `metadata`, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from trtspec.contract import RequestError, field_by_name
+
+
+class OpenAIError(Exception):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    @property
+    def type(self) -> str:
+        return "invalid_request_error" if self.status < 500 else "server_error"
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _GenerationRequest(BaseModel):
+    """What completions and chat completions share."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = Field(default=None, ge=0)
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # trtspec extensions (extra body fields): speculation per request
+    num_draft_tokens: int | None = None
+    draft_source: str | None = None
+    draft_length_policy: str | None = None
+    use_draft_logits: bool | None = None
+    top_k: int | None = None
+    return_token_ids: bool = False  # vLLM's name: each choice also carries the token ids it adds
+
+    @field_validator("temperature", "top_p", "top_k", "num_draft_tokens", "draft_source", "draft_length_policy")
+    @classmethod
+    def _request_field(cls, v: Any, info: Any) -> Any:
+        """The checks every endpoint applies to these request fields (trtspec.contract)."""
+        try:
+            field_by_name(info.field_name).validate(v)
+        except RequestError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError(f"only n=1 is supported (one choice per request), got {v}")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> list[str]:
+        stops = [v] if isinstance(v, str) else list(v or [])
+        if any(not s for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return stops
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> "_GenerationRequest":
+        for name in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions", "response_format"):
+            if (self.model_extra or {}).get(name) not in (None, False, 0, ""):
+                raise ValueError(f"{name} is not supported by this server")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return getattr(self, "max_tokens", None)
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: str | list[str]
+    max_tokens: int | None = Field(default=None, gt=0)
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: str | list[str]) -> str:
+        if isinstance(v, list):
+            if len(v) != 1:
+                raise ValueError(f"give one prompt (a string, or a list of one string), got a list of {len(v)}")
+            v = v[0]
+        if not v.strip():
+            raise ValueError("the prompt is empty")
+        return v
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, gt=0)
+    max_completion_tokens: int | None = Field(default=None, gt=0)
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def template_messages(self) -> list[dict[str, str]]:
+        # "developer" is OpenAI's newer name for the system role; chat templates know "system"
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
