@@ -175,7 +175,7 @@ def _client(server, model="ensemble", protocol="http"):
     return Client(addr, protocol, model)
 
 
-def _metric(server, name, model="speculative"):
+def _metric(server, name, model="ensemble"):  # endpoints count their own requests
     text = urllib.request.urlopen(server.endpoints.metrics, timeout=10).read().decode()
     line = next(ln for ln in text.splitlines() if ln.startswith(f'{name}{{model="{model}"}}'))
     return float(line.split()[-1])
