@@ -174,12 +174,12 @@ def test_eight_concurrent_streams_match_their_solo_output(server):
 def test_response_reports_acceptance(server):
     g = _client(server).generate(PROMPTS[6], MAX_TOKENS, num_draft_tokens=4)
     s = g.stats
-    assert 0.0 <= s["acceptance_rate"] <= 1.0
-    assert s["acceptance_rate"] == pytest.approx(s["total_accepted_draft_tokens"] / s["total_draft_tokens"], abs=1e-6)
-    assert len(s["proposed_per_position"]) == 4
-    assert sum(s["accepted_per_position"]) == s["total_accepted_draft_tokens"]
+    assert 0.0 <= s.acceptance_rate <= 1.0
+    assert s.acceptance_rate == pytest.approx(s.total_accepted_draft_tokens / s.total_draft_tokens, abs=1e-6)
+    assert len(s.proposed_per_position) == 4
+    assert sum(s.accepted_per_position) == s.total_accepted_draft_tokens
     # every target call adds its accepted tokens plus one of its own
-    assert len(g.token_ids) <= s["num_iterations"] + s["total_accepted_draft_tokens"]
+    assert len(g.token_ids) <= s.num_iterations + s.total_accepted_draft_tokens
 
 
 def test_sampling_is_reproducible_with_a_seed(server):
@@ -207,7 +207,7 @@ def _post(server, body):
     "body,expect",
     [
         ({"text_input": "", "max_tokens": 8}, "text_input is empty"),
-        ({"text_input": "hello", "max_tokens": 0}, "max_tokens must be > 0"),
+        ({"text_input": "hello", "max_tokens": 0}, "max_tokens must be >= 1"),
         ({"text_input": "hello", "max_tokens": 8, "num_draft_tokens": 9}, "larger than max_draft_len 8"),
         ({"text_input": "word " * 300, "max_tokens": 8}, "exceeds max_input_len"),
         ({"text_input": "hello", "max_tokens": "eight"}, "Unable to parse"),  # wrong dtype: Triton rejects it first

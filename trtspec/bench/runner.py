@@ -367,7 +367,8 @@ def _stream(settings: BenchSettings, cell: Cell, prompt: str, params: dict[str, 
             if c.choices:
                 ids = (c.choices[0].model_extra or {}).get("token_ids") or []
                 counted += len(ids)
-                yield Chunk(c.choices[0].text, ids, t, (c.model_extra or {}).get("speculative") or {})
+                wire = (c.model_extra or {}).get("speculative")
+                yield Chunk(c.choices[0].text, ids, t, SpecStats.from_wire(wire) if wire else None)
             elif c.usage is not None and c.usage.completion_tokens != counted:
                 raise ClientError(f"usage says {c.usage.completion_tokens} completion tokens, the chunks carried "
                                   f"{counted} token ids")
