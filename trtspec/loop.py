@@ -25,6 +25,7 @@ from trtspec.contract import REQUEST_FIELDS, RequestError
 from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal
 from trtspec.metrics import SpecStats
 from trtspec.speculative import DraftLengthPolicy, PayoffGate, find_stop
+from trtspec.triton_io import to_words_list
 
 # (model name, input tensors, requested outputs) -> output tensors; raises EngineCallError on failure
 EngineCall = Callable[[str, Mapping[str, np.ndarray], list[str]], Mapping[str, np.ndarray]]
@@ -119,17 +120,6 @@ def _i32(*v: int) -> np.ndarray:
     return np.array([list(v)], dtype=np.int32)
 
 
-def words_tensor(seqs: list[list[int]]) -> np.ndarray:
-    """Sequences to TensorRT-LLM's [1, 2, n] words tensor (flat ids; exclusive end offsets, -1 padded)."""
-    flat = [t for s in seqs for t in s]
-    offsets = np.cumsum([len(s) for s in seqs]).tolist() if seqs else []
-    arr = np.full((1, 2, max(1, len(flat))), -1, dtype=np.int32)
-    arr[0, 0, :] = 0
-    arr[0, 0, : len(flat)] = flat
-    arr[0, 1, : len(offsets)] = offsets
-    return arr
-
-
 class SpeculativeLoop:
     def __init__(self, settings: LoopSettings, call: EngineCall):
         self.settings = settings
@@ -152,7 +142,7 @@ class SpeculativeLoop:
         if req.seed is not None:
             t[self.settings.engine_name("seed")] = np.array([[req.seed]], dtype=np.uint64)
         if req.bad_words:
-            t["bad_words_list"] = words_tensor(req.bad_words)
+            t["bad_words_list"] = to_words_list(req.bad_words)
         return t
 
     @staticmethod
@@ -161,8 +151,8 @@ class SpeculativeLoop:
         n = int(np.asarray(out["sequence_length"]).reshape(-1)[0])
         return [int(x) for x in ids[seq_len:n]]
 
-    def _draft_call(self, req: LoopRequest) -> Callable[[Sequence[int], int, bool], Proposal]:
-        common = self._sampling_tensors(req)
+    def _draft_call(self, common: Mapping[str, np.ndarray]) -> Callable[[Sequence[int], int, bool], Proposal]:
+        """The draft model as a drafter; `common`: the request's sampling tensors, built once per request."""
         model = self.settings.draft_model
 
         def draft(seq: Sequence[int], k: int, want_logits: bool) -> Proposal:
@@ -185,8 +175,9 @@ class SpeculativeLoop:
 
         return draft
 
-    def _verify(self, seq: list[int], proposal: Proposal, req: LoopRequest) -> list[int]:
-        tensors = self._sampling_tensors(req)
+    def _verify(self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray]) -> list[int]:
+        """`common`: the request's sampling and stop-word tensors, built once per request."""
+        tensors = dict(common)
         tensors.update(
             input_ids=np.array([seq], dtype=np.int32),
             input_lengths=_i32(len(seq)),
@@ -196,18 +187,16 @@ class SpeculativeLoop:
             tensors["draft_input_ids"] = np.array([proposal.tokens], dtype=np.int32)
             if proposal.logits is not None:
                 tensors["draft_logits"] = proposal.logits
-        if req.stop_words:
-            tensors["stop_words_list"] = words_tensor(req.stop_words)
         out = self.call(self.settings.target_model, tensors, ["output_ids", "sequence_length"])
         return self._new_tokens(out, len(seq))
 
     # -------------------------------------------------------------- the loop
 
-    def _drafters(self, selection: str, req: LoopRequest) -> list[tuple[str, Drafter]]:
+    def _drafters(self, selection: str, common: Mapping[str, np.ndarray]) -> list[tuple[str, Drafter]]:
         """(source, drafter) in the order they are asked; the first proposal wins."""
         if self.settings.draft_disabled:
             return []
-        call = self._draft_call(req)
+        call = self._draft_call(common)
         return [
             (name, SOURCES[name].make(self.settings, call))
             for name in SELECTIONS[selection]
@@ -219,7 +208,9 @@ class SpeculativeLoop:
         validate(req, self.settings)
         spec = self.settings.speculative
         k_req = spec.num_draft_tokens if req.num_draft_tokens is None else req.num_draft_tokens
-        drafters = self._drafters(req.draft_source or spec.draft_source, req)
+        common = self._sampling_tensors(req)
+        verify_common = dict(common, stop_words_list=to_words_list(req.stop_words)) if req.stop_words else common
+        drafters = self._drafters(req.draft_source or spec.draft_source, common)
         policy_name = req.draft_length_policy or spec.draft_length_policy
         adaptive = policy_name == "adaptive"
         gate = (
@@ -260,7 +251,7 @@ class SpeculativeLoop:
                     used = source
                     break
             draft = proposal.tokens
-            new = self._verify(seq, proposal, req)
+            new = self._verify(seq, proposal, verify_common)
             accepted = 0
             while accepted < min(len(draft), len(new)) and new[accepted] == draft[accepted]:
                 accepted += 1

@@ -14,18 +14,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trtspec.contract import REQUEST_FIELDS
-from trtspec.contract import RequestError as ContractRequestError
+from trtspec.contract import REQUEST_FIELDS, RequestError
 from trtspec.metrics import SpecStats
 
 # the statistics TensorRT-LLM reports per request (trtspec.contract names); the others have no source there
 REPORTED_STATS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_iterations")
 
 Getter = Callable[[str], Any]  # (input name) -> python scalar, list of str, or None
-
-
-class RequestError(ValueError):
-    pass
 
 
 @dataclass
@@ -39,9 +34,10 @@ def parse(get: Getter, default_draft_len: int) -> ParsedRequest:
     text = get("text_input")
     if not text or not str(text).strip():
         raise RequestError("text_input is empty")
-    max_tokens = int(get("max_tokens") or 0)
-    if max_tokens <= 0:
-        raise RequestError(f"max_tokens must be > 0, got {max_tokens}")
+    for f in REQUEST_FIELDS:  # the checks every flavour applies (trtspec.contract), max_tokens >= 1 among them
+        if f.dims == (1,) and f.dtype != "STRING":
+            f.validate(get(f.name))
+    max_tokens = int(get("max_tokens"))
     k = get("num_draft_tokens")
     if k is not None and int(k) > default_draft_len:
         raise RequestError(
@@ -54,12 +50,6 @@ def parse(get: Getter, default_draft_len: int) -> ParsedRequest:
     if source and source not in ("model", "ngram"):
         raise RequestError(f"draft_source {source!r}: engine: llmapi speculates with its configured drafter only")
     sampling: dict[str, Any] = {"max_tokens": max_tokens, "return_perf_metrics": True}
-    for f in REQUEST_FIELDS:  # the checks every flavour applies (trtspec.contract)
-        if f.dims == (1,) and f.dtype != "STRING":
-            try:
-                f.validate(get(f.name))
-            except ContractRequestError as e:
-                raise RequestError(str(e)) from None
     for name, key, cast in (
         ("temperature", "temperature", float),
         ("top_k", "top_k", int),

@@ -18,11 +18,11 @@ from typing import Any, AsyncIterator
 import numpy as np
 
 from trtspec.client import STAT_NAMES, Chunk, _stats, infer_input
-from trtspec.contract import REQUEST_FIELDS, field_by_name
-from trtspec.detokenize import chunk_text
+from trtspec.contract import REQUEST_FIELDS, RequestError, field_by_name
 from trtspec.loop import LoopSettings
 from trtspec.openai.protocol import OpenAIError
 from trtspec.repository import BASELINE, BASELINE_LOOP, ENSEMBLE, LOOP, list_models
+from trtspec.text import TextCodec
 from trtspec.triton_io import BAD_REQUEST, to_words_list
 
 PREPROCESSING, POSTPROCESSING = "preprocessing", "postprocessing"
@@ -87,17 +87,19 @@ class Deployment:
 class TritonBackend:
     def __init__(self, deployment: Deployment, grpc_url: str) -> None:
         try:
-            from transformers import AutoTokenizer
+            import transformers  # noqa: F401
         except ImportError:
             raise DeploymentError("the OpenAI API needs transformers (the target's chat template and token "
                                   "counts): pip install transformers") from None
 
         self.deployment, self.grpc_url = deployment, grpc_url
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(deployment.tokenizer_dir)
+        try:  # the tokenizer code the text endpoints use (trtspec.text), with this deployment's settings
+            self.codec = TextCodec(deployment.tokenizer_dir, add_special_tokens=deployment.add_special_tokens,
+                                   skip_special_tokens=deployment.skip_special_tokens)
         except (OSError, ValueError) as e:
             raise DeploymentError(f"cannot load the target tokenizer from {deployment.tokenizer_dir} "
                                   f"(the preprocessing model's tokenizer_dir): {e}") from None
+        self.tokenizer = self.codec.tokenizer
         self._client: Any = None
 
     # the grpc.aio channel belongs to the event loop that serves requests: opened and closed by the app
@@ -134,8 +136,7 @@ class TritonBackend:
         request fields other than text_input and max_tokens. `cancel()` ends the request in Triton."""
         fields = dict(fields)
         stops = fields.pop("stop_words", None) or []
-        end_id = fields.pop("end_id", self.tokenizer.eos_token_id)
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else end_id
+        end_id, pad_id = fields.pop("end_id", self.codec.end_id), self.codec.pad_id
         i32 = lambda v: np.array([[-1 if v is None else v]], dtype=np.int32)  # noqa: E731
         inputs = [
             infer_input("input_ids", np.array([prompt_ids], dtype=np.int32)),
@@ -144,9 +145,12 @@ class TritonBackend:
             infer_input("end_id", i32(end_id)),
             infer_input("pad_id", i32(pad_id)),
         ]
-        if stops:  # as preprocessing makes them
-            words = [self.tokenizer.encode(w, add_special_tokens=False) for w in stops]
-            inputs.append(infer_input("stop_words_list", to_words_list([w for w in words if w])))
+        if stops:  # as the text endpoints make them
+            try:
+                words = self.codec.encode_words(stops, "stop")
+            except RequestError as e:
+                raise OpenAIError(400, str(e), param="stop") from None
+            inputs.append(infer_input("stop_words_list", to_words_list(words)))
         for name, value in fields.items():
             inputs.append(infer_input(self.deployment.loop_inputs[name], np.array([[value]], dtype=field_by_name(name).numpy)))
 
@@ -158,7 +162,7 @@ class TritonBackend:
 
     def detokenize(self, prefix: list[int], new: list[int]) -> str:
         """What postprocessing does to a streamed response."""
-        return chunk_text(self.tokenizer, prefix, new, self.deployment.skip_special_tokens)
+        return self.codec.decode_chunk(prefix, new)
 
 
 class TritonStream:

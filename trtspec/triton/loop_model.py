@@ -43,23 +43,32 @@ def engine_call(pb_utils: Any):
     return call
 
 
+def loop_request(
+    prompt: list[int], max_tokens: int, end_id: int | None, pad_id: int | None, fields: Mapping[str, Any], **words: Any
+) -> LoopRequest:
+    """A LoopRequest from what an endpoint read: `fields` are request fields by their contract name (None or ""
+    means unset); an end or pad id of -1 means unset (preprocessing sends -1 for "none")."""
+    return LoopRequest(
+        prompt=prompt,
+        max_tokens=max_tokens,
+        end_id=None if end_id is None or end_id < 0 else end_id,
+        pad_id=None if pad_id is None or pad_id < 0 else pad_id,
+        **words,
+        **{k: v for k, v in fields.items() if v is not None and v != ""},
+    )
+
+
 def parse_request(pb_utils: Any, request: Any) -> LoopRequest:
     get = lambda name, default=None: io.scalar(pb_utils, request, name, default)  # noqa: E731
     prompt = io.ids(pb_utils, request, "input_ids") or []
-    prompt = prompt[: int(get("input_lengths", len(prompt)))]
-    end_id, pad_id = get("end_id"), get("pad_id")
-    values: dict[str, Any] = {
-        f.name: get(f.loop_input) for f in REQUEST_FIELDS if f.loop_input is not None
-    }
-    values = {k: v for k, v in values.items() if v is not None and v != ""}
-    return LoopRequest(
-        prompt=prompt,
-        max_tokens=int(get("request_output_len", 0)),
-        end_id=None if end_id is None or end_id < 0 else end_id,  # preprocessing sends -1 for "none"
-        pad_id=None if pad_id is None or pad_id < 0 else pad_id,
+    return loop_request(
+        prompt[: int(get("input_lengths", len(prompt)))],
+        int(get("request_output_len", 0)),
+        get("end_id"),
+        get("pad_id"),
+        {f.name: get(f.loop_input) for f in REQUEST_FIELDS if f.loop_input is not None},
         stop_words=io.words_list(io.tensor(pb_utils, request, "stop_words_list")),
         bad_words=io.words_list(io.tensor(pb_utils, request, "bad_words_list")),
-        **values,
     )
 
 

@@ -18,7 +18,7 @@ from trtspec import triton_io as io
 from trtspec.contract import REQUEST_FIELDS
 from trtspec.loop import LoopRequest, Step
 from trtspec.text import TextCodec
-from trtspec.triton.loop_model import PREFIX_WINDOW, LoopModel, response_tensors
+from trtspec.triton.loop_model import PREFIX_WINDOW, LoopModel, loop_request, response_tensors
 
 
 class TextModel(LoopModel):
@@ -33,20 +33,13 @@ class TextModel(LoopModel):
 
     def parse(self, request: Any) -> LoopRequest:
         get = lambda name, default=None: io.scalar(self.pb, request, name, default)  # noqa: E731
-        prompt = self.codec.encode_prompt(get("text_input"))
-        end_id, pad_id = get("end_id", self.codec.end_id), get("pad_id", self.codec.pad_id)
-        values = {f.name: get(f.name) for f in REQUEST_FIELDS if f.loop_input is not None}
-        values = {k: v for k, v in values.items() if v is not None and v != ""}
-        words = {
-            name: self.codec.encode_words(io.strings(self.pb, request, name), name) for name in ("stop_words", "bad_words")
-        }
-        return LoopRequest(
-            prompt=prompt,
-            max_tokens=int(get("max_tokens", 0)),
-            end_id=None if end_id is None or end_id < 0 else end_id,
-            pad_id=None if pad_id is None or pad_id < 0 else pad_id,
-            **words,
-            **values,
+        return loop_request(
+            self.codec.encode_prompt(get("text_input")),
+            int(get("max_tokens", 0)),
+            get("end_id", self.codec.end_id),
+            get("pad_id", self.codec.pad_id),
+            {f.name: get(f.name) for f in REQUEST_FIELDS if f.loop_input is not None},
+            **{name: self.codec.encode_words(io.strings(self.pb, request, name), name) for name in ("stop_words", "bad_words")},
         )
 
     def response_tensors(self, tokens: list[int], before: list[int], chunk: Step) -> dict[str, np.ndarray]:
