@@ -541,3 +541,17 @@ def test_profile_writes_a_timeline_aligned_with_the_requests(server, sweep, tmp_
     assert res["files"]["timeline_plot"] == "timeline.png" and (out / "timeline.png").stat().st_size > 0
     assert all((out / f).is_file() for f in prof["timeline_files"])
     assert "Profile" in result.output
+
+
+def test_config_refuses_a_flavour_that_needs_an_engine_build(tmp_path):
+    cfg = tmp_path / "engines.yaml"
+    cfg.write_text("engine: tensorrt_llm\ntarget: {checkpoint: 'demo:target'}\ndraft: {checkpoint: 'demo:draft'}\n")
+    result = CliRunner().invoke(cli, ["bench", "--config", str(cfg)])
+    assert result.exit_code != 0 and "needs no engine build" in result.output
+
+
+def test_config_accepts_the_llmapi_flavour():
+    from trtspec.bench.local import check_local
+    from trtspec.config import load_config
+
+    check_local(load_config(Path(__file__).resolve().parents[1] / "build_configs" / "demo-llmapi.yaml"))

@@ -52,6 +52,16 @@ def prepare_checkpoints(cfg: BuildConfig, say: Callable[[str], None]) -> None:
         prepare_demo_pair(progress=say)
 
 
+def check_local(cfg: BuildConfig) -> None:
+    """A throwaway deployment serves what needs no engine build: engine: reference or llmapi."""
+    if cfg.engine is EngineKind.tensorrt_llm:
+        raise BenchError(
+            "--config serves only what needs no engine build (engine: reference or llmapi; this config has "
+            f"engine: {cfg.engine.value}); build TensorRT-LLM engines with `trtspec build CONFIG`, serve them "
+            "with `trtspec serve`, and point `trtspec bench --url` at that server"
+        )
+
+
 @contextlib.contextmanager
 def local_deployment(
     cfg: BuildConfig,
@@ -61,14 +71,9 @@ def local_deployment(
     on_step: Callable[[str], None] | None = None,
     prepare: Callable[[Path], None] | None = None,
 ) -> Iterator[TritonServer]:
-    """Generate ``cfg``'s repository (reference engine only: TensorRT-LLM engines need `trtspec build`), start
+    """Generate ``cfg``'s repository (reference or llmapi: TensorRT-LLM engines need `trtspec build`), start
     Triton, wait until every model is loaded, yield the server; stop it and remove the repository after."""
-    if cfg.engine is not EngineKind.reference:
-        raise BenchError(
-            f"--config runs the reference engine only (this config has engine: {cfg.engine.value}); "
-            "build TensorRT-LLM engines with `trtspec build CONFIG`, serve them with `trtspec serve`, "
-            "and point `trtspec bench --url` at that server"
-        )
+    check_local(cfg)
     step = on_step or (lambda _m: None)
     tmp = Path(tempfile.mkdtemp(prefix="trtspec-deploy-"))
     try:

@@ -218,7 +218,7 @@ def _default_url(api: str, protocol: str) -> str:
 
 
 def _bench_own_server(config_path: Path, settings: Any, prompts: Sequence[Any], output: Path) -> None:
-    from trtspec.bench.local import local_deployment, prepare_checkpoints, server_pids
+    from trtspec.bench.local import check_local, local_deployment, prepare_checkpoints, server_pids
     from trtspec.config import ConfigError, load_config
     from trtspec.demo_pair import DemoPairError
     from trtspec.openai.backend import DeploymentError
@@ -229,10 +229,7 @@ def _bench_own_server(config_path: Path, settings: Any, prompts: Sequence[Any], 
         cfg = load_config(config_path)
     except ConfigError as e:
         raise UserError(escape(str(e))) from None
-    if cfg.engine.value != "reference":
-        raise UserError(f"--config starts the reference engine only (this config has engine: {cfg.engine.value}); "
-                        "build TensorRT-LLM engines with `trtspec build CONFIG`, serve them with `trtspec serve`, "
-                        "and point `trtspec bench --url` at that server")
+    check_local(cfg)  # before anything is written
     too_long = [k for k in settings.draft_tokens if k > cfg.speculative.max_draft_len]
     if too_long:
         raise UserError(f"--draft-tokens {', '.join(map(str, too_long))}: larger than this config's "
