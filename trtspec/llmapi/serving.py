@@ -34,6 +34,8 @@ class ParsedRequest:
 SERVED = {"text_input", "max_tokens", "num_draft_tokens", "use_draft_logits", "draft_source", "draft_length_policy",
           "stream", "temperature", "top_k", "top_p", "seed", "min_tokens", "end_id", "pad_id", "stop_words",
           "bad_words", "return_perf_metrics"}
+# accepted at the value that changes nothing (their checks in trtspec.contract refuse any other)
+NEUTRAL = {"beam_width", "num_return_sequences", "return_log_probs", "return_context_logits", "return_generation_logits"}
 
 
 def parse(get: Getter, default_draft_len: int) -> ParsedRequest:
@@ -41,7 +43,7 @@ def parse(get: Getter, default_draft_len: int) -> ParsedRequest:
         sent = [n for n in (f.name, *f.aliases) if get(n) not in (None, "", [])]
         if sent and f.refuse:
             f.validate(True)
-        if sent and f.name not in SERVED and f.check is None:
+        if sent and f.name not in SERVED | NEUTRAL:
             raise RequestError(f"{sent[0]}: not available with engine: llmapi; leave it out")
         if sent and sent[0] != f.name:
             get = (lambda g, alias, name: lambda n: g(alias) if n == name else g(n))(get, sent[0], f.name)
