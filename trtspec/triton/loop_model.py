@@ -118,10 +118,10 @@ class LoopModel:
         """(the request, whether it came as text and is answered with text_output)."""
         fields = read_fields(self.pb, request)
         loop_fields = {f.name: fields[f.name] for f in REQUEST_FIELDS if f.loop_input is not None and f.name in fields}
-        if "text_input" in fields:
+        if io.tensor(self.pb, request, "text_input") is not None:
             words = {n: self.codec.encode_words(fields.get(n, []), n) for n in ("stop_words", "bad_words")}
             bias = self.codec.embedding_bias(fields.get("embedding_bias_words", []), fields.get("embedding_bias_weights", []))
-            prompt = self.codec.encode_prompt(fields["text_input"])
+            prompt = self.codec.encode_prompt(fields.get("text_input"))
             end_id, pad_id = fields.get("end_id", self.codec.end_id), fields.get("pad_id", self.codec.pad_id)
             max_tokens, text = fields.get("max_tokens"), True
         else:
