@@ -1,14 +1,14 @@
 """The text endpoints (`ensemble`, and `baseline` with drafting off): an adapter.
-The logic is trtspec.triton.text_model.TextModel."""
+The logic is trtspec.triton.loop_model.LoopModel (text in, text out)."""
 
 import triton_python_backend_utils as pb_utils
 
-from trtspec.triton.text_model import TextModel
+from trtspec.triton.loop_model import LoopModel
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.model = TextModel(pb_utils, args)
+        self.model = LoopModel(pb_utils, args)
 
     def execute(self, requests):
         return self.model.execute(requests)
