@@ -176,6 +176,7 @@ def _engine_config(
             device=cfg.device,
             dtype=model.dtype,
             kv_cache_entries=2 * cfg.limits.max_batch_size,
+            kv_cache_max_bytes=int(model.kv_cache_max_bytes),
             max_input_len=cfg.limits.max_input_len,
             use_draft_vocab=role == "draft",  # a draft checkpoint's draft_vocab.json, if it has one
             exclude_input_in_output=False,  # the loop reads the whole sequence back, as NVIDIA's BLS does
