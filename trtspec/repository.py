@@ -34,6 +34,9 @@ TEMPLATES = Path(__file__).resolve().parent / "model_repository"
 TARGET, DRAFT = "tensorrt_llm", "tensorrt_llm_draft"
 LOOP, BASELINE_LOOP = "speculative", "baseline_loop"
 ENSEMBLE, BASELINE = "ensemble", "baseline"  # the text endpoints (model_repository/text)
+# Where requests enter, each counted once: Triton clients send text to the text endpoints (which run the loop
+# in-process); the OpenAI API sends token ids to the loop models.
+ENTRY_MODELS = (ENSEMBLE, BASELINE, LOOP, BASELINE_LOOP)
 TEXT = "text"
 
 
