@@ -114,3 +114,24 @@ def test_config_budget_is_validated_with_the_fix():
         parse_config({**base, "target": {"checkpoint": "demo:target", "kv_cache_max_bytes": "lots"}})
     with pytest.raises(ConfigError, match=r"kv_cache_max_bytes applies to engine: reference.*kv_cache_free_gpu_mem_fraction"):
         parse_config({**base, "engine": "tensorrt_llm", "target": {"checkpoint": "demo:target", "kv_cache_max_bytes": "1GB"}})
+
+
+def test_evictions_hand_memory_back_once_per_burst_not_per_eviction(monkeypatch):
+    import time
+
+    import trtspec.reference_engine as engine_module
+
+    if engine_module._malloc_trim() is None:
+        pytest.skip("not glibc: no malloc_trim")
+    calls = []
+    monkeypatch.setattr(engine_module, "release_memory", lambda: calls.append(time.monotonic()))
+    monkeypatch.setattr(engine_module._TRIM, "delay_s", 0.2)
+    pc = PrefixCache(max_entries=1)
+    t0 = time.monotonic()
+    for i in range(6):  # five evictions in a burst
+        pc.put([i], make_cache(1))
+    time.sleep(0.6)
+    assert len(calls) == 1 and calls[0] - t0 >= 0.2  # deferred, and one trim for the whole burst
+    pc.put([9], make_cache(1))
+    time.sleep(0.4)
+    assert len(calls) == 2  # a later eviction gets its own
