@@ -34,6 +34,9 @@ TEMPLATES = Path(__file__).resolve().parent / "model_repository"
 TARGET, DRAFT = "tensorrt_llm", "tensorrt_llm_draft"
 LOOP, BASELINE_LOOP = "speculative", "baseline_loop"
 ENSEMBLE, BASELINE = "ensemble", "baseline"  # the text endpoints (model_repository/text)
+# Where requests enter, each counted once: Triton clients send text to the text endpoints (which run the loop
+# in-process); the OpenAI API sends token ids to the loop models.
+ENTRY_MODELS = (ENSEMBLE, BASELINE, LOOP, BASELINE_LOOP)
 TEXT = "text"
 
 
@@ -211,6 +214,7 @@ def _engine_config(
             device=cfg.device,
             dtype=model.dtype,
             kv_cache_entries=2 * cfg.limits.max_batch_size,
+            kv_cache_max_bytes=int(model.kv_cache_max_bytes),
             max_input_len=cfg.limits.max_input_len,
             use_draft_vocab=role == "draft",  # a draft checkpoint's draft_vocab.json, if it has one
             exclude_input_in_output=False,  # the loop reads the whole sequence back, as NVIDIA's BLS does

@@ -488,7 +488,7 @@ def verify_cost(engine: Any, context: list[int], draft: list[int], reps: int) ->
     """Median seconds of one verify call (k draft tokens) after the context is in the prefix cache."""
     from trtspec.reference_engine import EngineRequest, PrefixCache
 
-    engine.cache = PrefixCache(engine.cache.max_entries)
+    engine.cache = PrefixCache(engine.cache.max_entries, engine.cache.max_bytes)
     engine.run(EngineRequest(list(context), output_len=1))  # warms the cache with the context
     times, computed, reused = [], 0, 0
     for _ in range(reps + 1):
