@@ -125,7 +125,7 @@ def test_evictions_hand_memory_back_once_per_burst_not_per_eviction(monkeypatch)
         pytest.skip("not glibc: no malloc_trim")
     calls = []
     monkeypatch.setattr(engine_module, "release_memory", lambda: calls.append(time.monotonic()))
-    monkeypatch.setattr(engine_module._TRIM, "delay_s", 0.2)
+    monkeypatch.setattr(engine_module, "_TRIM", engine_module._DeferredTrim(0.2))  # none pending from other tests
     pc = PrefixCache(max_entries=1)
     t0 = time.monotonic()
     for i in range(6):  # five evictions in a burst
