@@ -124,8 +124,8 @@ def test_evictions_hand_memory_back_once_per_burst_not_per_eviction(monkeypatch)
     if engine_module._malloc_trim() is None:
         pytest.skip("not glibc: no malloc_trim")
     calls = []
-    monkeypatch.setattr(engine_module, "release_memory", lambda: calls.append(time.monotonic()))
-    monkeypatch.setattr(engine_module._TRIM, "delay_s", 0.2)
+    trim = engine_module._DeferredTrim(0.2, action=lambda: calls.append(time.monotonic()))
+    monkeypatch.setattr(engine_module, "_TRIM", trim)
     pc = PrefixCache(max_entries=1)
     t0 = time.monotonic()
     for i in range(6):  # five evictions in a burst
