@@ -605,7 +605,8 @@ def request_from_tensors(get: TensorGetter, max_input_len: int | None = None) ->
         min_tokens=int(scalar("min_tokens", scalar("min_length", 0))),
         stop_words=words("stop_words_list"),
         bad_words=words("bad_words_list"),
-        embedding_bias=None if bias is None else bias.reshape(-1).astype(np.float32),
+        # empty = no bias: NVIDIA's preprocessing emits an empty EMBEDDING_BIAS without bias words and its BLS forwards it
+        embedding_bias=None if bias is None or bias.size == 0 else bias.reshape(-1).astype(np.float32),
         repetition_penalty=scalar("repetition_penalty"),
         presence_penalty=scalar("presence_penalty"),
         frequency_penalty=scalar("frequency_penalty"),
