@@ -299,23 +299,18 @@ def _write_models(
     if cfg.draft is not None and uses_model:
         w.write(w.batch(_engine_config(cfg, "draft", DRAFT, draft_engine_dir, version, fractions.get("draft"))), engine_py)
     aliases = LEGACY_ENGINE_NAMES if legacy_tensor_names(version) else {}
-    for loop_name, baseline in ((LOOP, False), (BASELINE_LOOP, True)):
-        c = w.batch(load_template(LOOP))
-        c.name = loop_name
+    # token ids in (speculative, baseline_loop) or text in (ensemble, baseline): one LoopModel serves both
+    for name, template, declare_io, baseline in (
+        (LOOP, LOOP, loop_io, False), (BASELINE_LOOP, LOOP, loop_io, True),
+        (ENSEMBLE, TEXT, endpoint_io, False), (BASELINE, TEXT, endpoint_io, True),
+    ):
+        c = w.batch(load_template(template))
+        c.name = name
         c.instance_group[0].count = cfg.triton.speculative_instance_count if not baseline else 1
-        loop_io(c, version)
+        declare_io(c, version)
         settings = loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases)
         _set_params(c, tokenizer_dir=tokenizer_dir, **settings_parameter(settings))
         w.write(c, TEMPLATES / LOOP / "1" / "model.py")
-
-    for name, baseline in ((ENSEMBLE, False), (BASELINE, True)):
-        c = w.batch(load_template(TEXT))
-        c.name = name
-        c.instance_group[0].count = cfg.triton.speculative_instance_count if not baseline else 1
-        endpoint_io(c, version)
-        settings = loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases)
-        _set_params(c, tokenizer_dir=tokenizer_dir, **settings_parameter(settings))
-        w.write(c, TEMPLATES / TEXT / "1" / "model.py")
 
 
 def list_models(repo: Path) -> dict[str, mc.ModelConfig]:
