@@ -301,7 +301,7 @@ CELL_FIELDS = {"label", "concurrency", "num_draft_tokens", "endpoint", "speculat
 CELL_STATS = {"output_tokens_per_request", "ttft_s", "itl_token_s", "itl_chunk_s", "tpot_s", "e2e_s",
               "tokens_per_s_per_user", "tokens_per_response", "client_overhead_s", "client_overhead_fraction"}
 ACCEPTANCE_FIELDS = {"rate", "rate_per_request", "mean_acceptance_length", "tokens_per_target_call", "num_draft_tokens", "num_accepted_tokens",
-                     "num_iterations", "num_drafts", "draft_fallbacks", "per_position", "by_source"}
+                     "num_iterations", "num_drafts", "draft_fallbacks", "load_paused_iterations", "per_position", "by_source"}
 SPEEDUP_FIELDS = {"output_tokens_per_s", "e2e_p50", "ttft_p50", "tokens_per_s_per_user_mean", "baseline_num_requests"}
 REQUEST_FIELDS = {"cell", "concurrency", "num_draft_tokens", "endpoint", "index", "warmup", "prompt_id",
                   "prompt_kind", "start_s", "ttft_s", "e2e_s", "output_tokens", "ended_early", "num_responses",
@@ -449,7 +449,7 @@ def test_sweep_results_json(sweep):
     assert check["models"]["baseline"]["spec_decode_num_requests"]["observed"] == 2 * 3
 
     # the other files, and the terminal
-    assert set(res["files"]) >= {"json", "csv", "requests_csv", "plot_speedup", "plot_acceptance", "plot_latency"}
+    assert set(res["files"]) >= {"json", "csv", "requests_csv", "plot_speedup", "plot_throughput", "plot_acceptance", "plot_latency"}
     for name in res["files"].values():
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     with open(out / "results.csv") as f:

@@ -43,6 +43,7 @@ def _cfg(**spec):
         ({"num_draft_tokens": 2}, "speculative.num_draft_tokens"),
         ({"use_draft_logits": True}, "speculative.use_draft_logits"),
         ({"draft_length_policy": "adaptive"}, "speculative.draft_length_policy"),
+        ({"max_concurrency": 4}, "llmapi.max_concurrency"),
     ],
 )
 def test_unsupported_settings_are_refused_with_the_reason(spec, words):

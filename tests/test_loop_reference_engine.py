@@ -100,6 +100,64 @@ def test_draft_failure_falls_back_to_target_only(engines):
     assert got == want and stats.draft_fallbacks == 1 and stats.total_draft_tokens == 0
 
 
+def test_drafting_steps_aside_above_max_concurrency(engines):
+    """Above speculative.max_concurrency requests in flight the loop runs target-only steps, counts them, and
+    drafts again as soon as the load falls back to the limit; the output stays the target's."""
+    load = {"now": 5}
+    spec = SpeculativeLoop(loop_settings(max_concurrency=4), _engine_call(engines), lambda: load["now"])
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
+    want, _ = _run(base, prompt=[0, 2, 2], max_tokens=12)
+    got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=12, num_draft_tokens=3)
+    assert got == want and stats.total_draft_tokens == 0
+    assert stats.num_iterations == 12
+    assert stats.load_paused_iterations == 11  # the last step has one token left and would not draft anyway
+    load["now"] = 4
+    got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=12, num_draft_tokens=3)
+    assert got == want and stats.load_paused_iterations == 0 and stats.total_draft_tokens > 0
+
+
+def test_in_flight_is_shared_between_processes(tmp_path):
+    import multiprocessing
+
+    from trtspec.load import InFlight
+
+    path = tmp_path / "inflight"
+    here = InFlight(path)
+    with here.request():
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(2) as pool:
+            pool.map(_count_in_child, [str(path)] * 40)
+        assert here() == 1
+    assert here() == 0
+    child = ctx.Process(target=_hold_in_child, args=(str(path), 3))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    here.close(remove=True)
+    assert not path.exists()
+
+
+def _count_in_child(path):
+    from trtspec.load import InFlight
+
+    c = InFlight(path)
+    for _ in range(50):
+        with c.request():
+            assert c() >= 2  # the parent's request and this one
+    c.close()
+
+
+def _hold_in_child(path, n):
+    from trtspec.load import InFlight
+
+    c = InFlight(path)
+    for _ in range(n):
+        c.add(1)
+    assert c() == n
+    c.add(-n)
+    c.close()
+
+
 @pytest.mark.parametrize(
     "kw,msg",
     [

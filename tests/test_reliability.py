@@ -17,12 +17,14 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from trtspec.client import Client, grpc_inputs
 from trtspec.config import parse_config
+from trtspec.contract import RESPONSE_STATS
 from trtspec.metrics import AFTER_CANCEL_COUNTER, CANCELLED_COUNTER, EMITTED_COUNTER
 from trtspec.repository import generate_repository
 
@@ -43,7 +45,8 @@ def demo_config():
             "device": "cpu",
             "target": {"checkpoint": "demo:target", "dtype": "float32"},
             "draft": {"checkpoint": "demo:draft", "dtype": "float32"},
-            "speculative": {"max_draft_len": 8, "num_draft_tokens": 3},
+            # drafting stops while more than one request is in flight (test_drafting_steps_aside_under_load)
+            "speculative": {"max_draft_len": 8, "num_draft_tokens": 3, "max_concurrency": 1},
             "limits": {"max_batch_size": 8, "max_input_len": 512, "max_seq_len": 640},
             "triton": {"speculative_instance_count": 1},
         }
@@ -251,3 +254,22 @@ def test_sigint_after_a_rejected_stream_request_stops_within_the_bound(server):
     assert not server.is_running()
     if rc != 0:  # a failure comes with a reason `trtspec serve` can show
         assert server.stop_reason or any("timeout" in line.lower() for line in server.log_tail(60))
+
+
+def test_drafting_steps_aside_under_load(server):
+    """speculative.max_concurrency is 1 here: a request that runs beside another one drafts nothing and says so
+    in its response and in Prometheus; the same request alone drafts; both give the target's tokens."""
+    counter = next(s.counter for s in RESPONSE_STATS if s.name == "load_paused_iterations")
+    addr = server.endpoints.http_address
+    before = _metric(server, counter, "ensemble")
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(Client(addr, "http", "baseline").generate, PROMPT, 128)
+        time.sleep(1.0)  # the baseline request is in flight
+        beside = Client(addr, "http", "ensemble").generate(PROMPT, 16)
+        assert not busy.done(), "the baseline request ended before the ensemble one: no load to measure"
+        busy.result()
+    alone = Client(addr, "http", "ensemble").generate(PROMPT, 16)
+    assert beside.token_ids == alone.token_ids
+    assert beside.stats.total_draft_tokens == 0 and beside.stats.load_paused_iterations > 0
+    assert alone.stats.load_paused_iterations == 0 and alone.stats.total_draft_tokens > 0
+    assert _metric(server, counter, "ensemble") - before == beside.stats.load_paused_iterations

@@ -107,6 +107,11 @@ class SpeculativeConfig(_Strict):
     draft_source: Literal[tuple(SELECTIONS)] = "model"  # type: ignore[valid-type]
     ngram_max: Annotated[int, Field(ge=1, le=16)] = 3
     ngram_min: Annotated[int, Field(ge=1, le=16)] = 1
+    max_concurrency: Annotated[int, Field(ge=0)] | None = Field(
+        default=None,
+        description="drafting stops while more requests than this are in flight in the deployment (they share "
+        "the engine's batch, where a draft costs more than it saves); unset: no limit",
+    )
 
     @model_validator(mode="after")
     def _k_within_max(self) -> "SpeculativeConfig":
@@ -165,6 +170,7 @@ LLMAPI_REFUSED = {
     "with llmapi use llmapi.draft_len_schedule, max_concurrency or acceptance_window",
     "adaptive": "adaptive payoff timing runs in trtspec's loop; with llmapi use llmapi.acceptance_window/_threshold",
     "ngram_min": "TensorRT-LLM's NGram drafter has no minimum n-gram size (only max_matching_ngram_size = ngram_max)",
+    "max_concurrency": "with llmapi TensorRT-LLM stops drafting itself: use llmapi.max_concurrency",
 }
 
 

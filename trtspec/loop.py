@@ -130,9 +130,11 @@ def _i32(*v: int) -> np.ndarray:
 
 
 class SpeculativeLoop:
-    def __init__(self, settings: LoopSettings, call: EngineCall):
+    def __init__(self, settings: LoopSettings, call: EngineCall, in_flight: Callable[[], int] = lambda: 0):
+        """`in_flight`: requests in flight in the deployment now (speculative.max_concurrency compares with it)."""
         self.settings = settings
         self.call = call
+        self.in_flight = in_flight
 
     # -------------------------------------------------------------- engine requests
 
@@ -243,7 +245,10 @@ class SpeculativeLoop:
         while True:
             remaining = req.max_tokens - len(generated)
             k = policy.next_k(remaining)
-            if gate is not None and k and gate.wants_plain_step():
+            if k and spec.max_concurrency is not None and self.in_flight() > spec.max_concurrency:
+                k = 0  # the engine's batch is full enough that a draft costs more than it saves
+                stats.load_paused_iterations += 1
+            elif gate is not None and k and gate.wants_plain_step():
                 k = 0
             proposal, used = Proposal([]), None
             t_start = time.perf_counter()

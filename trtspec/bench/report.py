@@ -72,6 +72,7 @@ def _acceptance(ok: list[RequestRecord]) -> dict[str, Any]:
         "num_iterations": total.num_iterations,
         "num_drafts": total.num_drafts,
         "draft_fallbacks": total.draft_fallbacks,
+        "load_paused_iterations": total.load_paused_iterations,
         "per_position": per_pos,
         "by_source": total.by_source(),
     }
@@ -360,7 +361,37 @@ def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
         plt.close(fig)
         files["plot_speedup"] = "speedup.png"
 
-    # 2. acceptance per position, one line per k (pooled over concurrency levels)
+    # 2. throughput over concurrency, total and per user, baseline and each k, with the crossover marked
+    concs = sorted({c["concurrency"] for c in cells})
+    if len(concs) > 1:
+        fig, (total_ax, user_ax) = plt.subplots(1, 2, figsize=(11, 4.5))
+        for k in sorted({c["num_draft_tokens"] for c in cells}):
+            mine = sorted((c for c in cells if c["num_draft_tokens"] == k), key=lambda c: c["concurrency"])
+            label = "baseline (target only)" if not any(c["speculative"] for c in mine) else f"speculative k={k}"
+            style = {"color": "black", "linestyle": "--"} if label.startswith("baseline") else {}
+            for ax, value in ((total_ax, lambda c: c["output_tokens_per_s"]),
+                              (user_ax, lambda c: c["tokens_per_s_per_user"]["mean"])):
+                pts = [(c["concurrency"], value(c)) for c in mine if value(c) is not None]
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label, **style)
+        cross = results["summary"]["crossover"]
+        for ax, title in ((total_ax, "total output tokens/s"), (user_ax, "output tokens/s per user (mean)")):
+            if cross.get("estimate") is not None:
+                ax.axvline(cross["estimate"], color="red", linewidth=1, alpha=0.6,
+                           label=f"crossover ~{cross['estimate']:.1f}")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(concs, [str(c) for c in concs])
+            ax.set_xlabel("concurrency (requests in flight)")
+            ax.set_title(title, fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"Throughput by concurrency, {n_cell} requests per cell: {cross['summary']}", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(out / "throughput.png", dpi=120)
+        plt.close(fig)
+        files["plot_throughput"] = "throughput.png"
+
+    # 3. acceptance per position, one line per k (pooled over concurrency levels)
     by_k: dict[int, dict[str, Any]] = {}
     for c in cells:
         if not c["speculative"] or not c["acceptance"]:
@@ -391,7 +422,7 @@ def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
         plt.close(fig)
         files["plot_acceptance"] = "acceptance_per_position.png"
 
-    # 3. latency distributions per cell
+    # 4. latency distributions per cell
     reqs = [r for r in results["requests"] if not r["warmup"] and r["error"] is None]
     if reqs:
         labels = [c["label"] for c in cells]

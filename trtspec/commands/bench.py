@@ -40,7 +40,8 @@ the spec_decode_* counters moved by exactly what the responses reported.
 \b
 Output: a table here, and in --output DIR: results.json (field names:
 docs/bench-results.md), results.csv (one row per cell), requests.csv (one
-row per request), speedup.png, acceptance_per_position.png, latency.png,
+row per request), speedup.png, throughput.png (total and per-user tokens/s
+by concurrency, crossover marked), acceptance_per_position.png, latency.png,
 and with --profile a GPU (or, without NVIDIA driver, CPU/RSS) timeline.
 
 \b
@@ -127,7 +128,7 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
               help="Use only the first N prompts (the built-in set interleaves the kinds).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True,
               help="Output tokens per request (a request may end earlier at the end-of-sequence token).")
-@click.option("--concurrency", default="1,4", show_default=True, metavar="LIST",
+@click.option("--concurrency", default="1,2,4,8,16", show_default=True, metavar="LIST",
               help="Concurrency levels: requests in flight at once (comma-separated).")
 @click.option("--draft-tokens", default="0,2,4", show_default=True, metavar="LIST",
               help="num_draft_tokens values; 0 = the target-only baseline endpoint (always run).")

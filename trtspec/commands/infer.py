@@ -131,4 +131,6 @@ def _print_stats(stats: SpecStats, n_tokens: int) -> None:
         table.add_row("tokens per target call", f"{n_tokens / stats.num_iterations:.2f}")
     if stats.draft_fallbacks:
         table.add_row("draft fallbacks", str(stats.draft_fallbacks))
+    if stats.load_paused_iterations:
+        table.add_row("steps without a draft (load)", str(stats.load_paused_iterations))
     console.print(table)

@@ -17,6 +17,7 @@ import numpy as np
 
 from trtspec import triton_io as io
 from trtspec.contract import REQUEST_FIELDS, RequestError
+from trtspec.load import InFlight
 from trtspec.loop import Step, EngineCallError, LoopRequest, LoopSettings, SpeculativeLoop
 from trtspec.metrics import PrometheusExporter
 from trtspec.text import TextCodec
@@ -101,7 +102,8 @@ class LoopModel:
             add_special_tokens=params.get("add_special_tokens", "false").lower() == "true",
             skip_special_tokens=params.get("skip_special_tokens", "true").lower() == "true",
         )
-        self.loop = SpeculativeLoop(self.settings, engine_call(pb_utils))
+        self.in_flight = InFlight()
+        self.loop = SpeculativeLoop(self.settings, engine_call(pb_utils), self.in_flight)
         self.name = args["model_name"]
         self.metrics = PrometheusExporter(pb_utils, self.name)
         self.pool = ThreadPoolExecutor(max_workers=self.settings.max_concurrent_requests)
@@ -113,6 +115,7 @@ class LoopModel:
 
     def finalize(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.in_flight.close(remove=True)
 
     def parse(self, request: Any) -> tuple[LoopRequest, bool]:
         """(the request, whether it came as text and is answered with text_output)."""
@@ -165,14 +168,15 @@ class LoopModel:
         try:
             req, text = self.parse(request)
             last, cancelled = None, False
-            for chunk in self.loop.run(req):
-                last = chunk
-                # checked every iteration: a client that cancels or goes away stops the loop within one target call
-                cancelled = not chunk.final and sender.is_cancelled()
-                if chunk.final or cancelled:
-                    break
-                if req.stream:
-                    sender.send(self._response(req, text, chunk.new_tokens, chunk.generated_before, chunk))
+            with self.in_flight.request():
+                for chunk in self.loop.run(req):
+                    last = chunk
+                    # checked every iteration: a client that cancels or goes away stops the loop within one target call
+                    cancelled = not chunk.final and sender.is_cancelled()
+                    if chunk.final or cancelled:
+                        break
+                    if req.stream:
+                        sender.send(self._response(req, text, chunk.new_tokens, chunk.generated_before, chunk))
             if last is None:
                 raise EngineCallError("the loop produced no output")
             generated = last.generated_before + last.new_tokens
