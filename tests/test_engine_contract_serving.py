@@ -104,3 +104,26 @@ def test_unsupported_input_is_refused_by_name(client, name):
 def test_stop_is_an_empty_answer(client):
     r = client.infer("tensorrt_llm", _inputs({"stop": [[True]], "request_output_len": [[0]]}), outputs=[])
     assert r.get_response().get("outputs", []) == []
+
+
+def _generate(client, prompt, n=8):
+    r = client.infer("tensorrt_llm", _inputs({"input_ids": [prompt], "input_lengths": [[len(prompt)]],
+                                              "request_output_len": [[n]], "return_perf_metrics": [[True]]}))
+    times = tuple(int(r.as_numpy(name)[0, 0]) for name in ("first_token_time_ns", "last_token_time_ns"))
+    return r.as_numpy("output_ids")[0, 0].tolist(), times
+
+
+def test_concurrent_requests_share_steps_and_queue_beyond_max_batch_size(client):
+    """max_batch_size is 2 here: 8 concurrent requests run two at a time (the rest queue, none fails), each
+    one's tokens equal its solo run, and requests running together overlap in time (one forward per step)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [[1 + i % 5, 2, 3 + i % 7, 4 + i % 3] for i in range(8)]
+    solo = [_generate(client, p, 12)[0] for p in prompts]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda p: _generate(client, p, 12), prompts))
+    assert [tokens for tokens, _ in together] == solo
+    spans = sorted(times for _, times in together)
+    overlapping = sum(1 for a, b in zip(spans, spans[1:]) if b[0] < a[1])
+    assert overlapping >= 1, f"no two requests ran in the same steps: {spans}"
+    assert client.is_server_ready()

@@ -124,7 +124,9 @@ class BatchScheduler:
             if n < left and left - n < seg.logit_rows:
                 n = left - seg.logit_rows  # the logits rows stay together, in the last chunk
             if n <= 0:
-                continue
+                if plan:
+                    continue
+                n = left  # more logits rows than a step holds: run them anyway rather than never
             piece = seg if n == left and job.done_tokens == 0 else Segment(
                 seg.cache,
                 seg.tokens[job.done_tokens : job.done_tokens + n],

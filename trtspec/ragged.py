@@ -42,6 +42,10 @@ class RaggedBatch:
         self.bounds = bounds
         self.total = s
 
+    # Passed as the model's attention_mask: a 4D mask is used as given, so transformers builds none for the
+    # packed row (each segment's mask is made in ragged_attention).
+    NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+
     def inputs(self, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(input_ids [1, T], position_ids [1, T], indices of the rows whose logits are wanted)."""
         ids, pos, rows = [], [], []
@@ -51,6 +55,10 @@ class RaggedBatch:
             rows.extend(range(e - seg.logit_rows, e))
         t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
         return t([ids]), t([pos]), t(rows)
+
+    def kwargs(self) -> dict[str, Any]:
+        """The model forward's arguments that route attention through ragged_attention with this batch."""
+        return {"attention_mask": self.NO_MASK, "ragged": self}
 
     def split_logits(self, logits: torch.Tensor) -> None:
         i = 0
@@ -67,8 +75,8 @@ def _causal_mask(q: int, kv: int, device: Any) -> torch.Tensor:
 def ragged_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, ragged=None, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if ragged is None:
-        raise ValueError(f"attention '{ATTENTION}' needs a RaggedBatch (forward(..., ragged=RaggedBatch(...)))")
+    if ragged is None:  # a plain forward (no packed batch): ordinary SDPA attention with transformers' mask
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     outs = []
     for seg, (s, e) in zip(ragged.segments, ragged.bounds):
         k, v = seg.cache.update(key[:, :, s:e].contiguous(), value[:, :, s:e].contiguous(), module.layer_idx)
@@ -83,5 +91,7 @@ def ragged_attention(module, query, key, value, attention_mask, dropout: float =
 
 def register() -> None:
     from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     AttentionInterface.register(ATTENTION, ragged_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)

@@ -306,10 +306,10 @@ class ReferenceEngine:
         ids, pos, rows = batch.inputs(self.device)
         with torch.inference_mode():
             if self.draft_vocab is None:
-                out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=rows, ragged=batch)
+                out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=rows, **batch.kwargs())
                 logits = out.logits[0].float()
             else:
-                out = self.model.base_model(input_ids=ids, position_ids=pos, use_cache=False, ragged=batch)
+                out = self.model.base_model(input_ids=ids, position_ids=pos, use_cache=False, **batch.kwargs())
                 scores = (out.last_hidden_state[0, rows] @ self._draft_head_t).float()
                 logits = torch.full((len(rows), self.vocab_size), float("-inf"), device=scores.device)
                 logits[:, self.draft_vocab] = scores
