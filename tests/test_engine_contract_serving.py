@@ -52,7 +52,7 @@ def _inputs(extra: dict):
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory, tiny_target):
+def address(tmp_path_factory, tiny_target):
     from trtspec.server import ServerOptions, create_server
 
     cfg = parse_config({
@@ -65,8 +65,13 @@ def client(tmp_path_factory, tiny_target):
                          model_control_mode="explicit", load_models=["tensorrt_llm"])  # the tiny model has no tokenizer
     with create_server(opts) as s:
         s.wait_ready(300)
-        with httpclient.InferenceServerClient(s.endpoints.http_address) as c:
-            yield c
+        yield s.endpoints.http_address
+
+
+@pytest.fixture(scope="module")
+def client(address):
+    with httpclient.InferenceServerClient(address) as c:
+        yield c
 
 
 def test_every_served_input_at_once(client):
@@ -113,7 +118,7 @@ def _generate(client, prompt, n=8):
     return r.as_numpy("output_ids")[0, 0].tolist(), times
 
 
-def test_concurrent_requests_share_steps_and_queue_beyond_max_batch_size(client):
+def test_concurrent_requests_share_steps_and_queue_beyond_max_batch_size(client, address):
     """max_batch_size is 2 here: 8 concurrent requests run two at a time (the rest queue, none fails), each
     one's tokens equal its solo run, and requests running together overlap in time (one forward per step)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -121,7 +126,8 @@ def test_concurrent_requests_share_steps_and_queue_beyond_max_batch_size(client)
     prompts = [[1 + i % 5, 2, 3 + i % 7, 4 + i % 3] for i in range(8)]
     solo = [_generate(client, p, 12)[0] for p in prompts]
     with ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(lambda p: _generate(client, p, 12), prompts))
+        # one client per thread: an HTTP client object is not for concurrent use
+        together = list(pool.map(lambda p: _generate(httpclient.InferenceServerClient(address), p, 12), prompts))
     assert [tokens for tokens, _ in together] == solo
     spans = sorted(times for _, times in together)
     overlapping = sum(1 for a, b in zip(spans, spans[1:]) if b[0] < a[1])
