@@ -25,11 +25,16 @@ def _requests():
 def test_batched_equals_solo_with_chunked_prefill(engine, tiny_target):
     solo = [engine.run(r).tokens for r in _requests()]
     fresh = ReferenceEngine(tiny_target, device="cpu")  # nothing cached: every prompt is prefilled in the batch
-    scheduler = BatchScheduler(fresh, max_batch_size=4, max_num_tokens=5)  # prompts of up to 10 tokens: chunked
+    seen = []  # (active, queued, tokens, kv bytes) after each step: what the Prometheus gauges show
+    scheduler = BatchScheduler(fresh, max_batch_size=4, max_num_tokens=5,  # prompts of up to 10 tokens: chunked
+                               on_step=lambda s: seen.append((s.active, s.queued, s.last_step_tokens, s.kv_bytes)))
     try:
         futures = [scheduler.submit(r) for r in _requests()]
         assert [f.result(60).tokens for f in futures] == solo
-        assert scheduler.stats.max_active == 4 and scheduler.stats.steps > 0
+        assert scheduler.stats.max_active == 4 and len(seen) == scheduler.stats.steps
+        assert max(a for a, *_ in seen) == 4 and max(t for _, _, t, _ in seen) == 5  # batch and step bounds held
+        assert max(q for _, q, *_ in seen) > 0 and min(kv for *_, kv in seen[:-1]) > 0
+        assert seen[-1][:2] == (0, 0) and seen[-1][3] == 0  # drained
     finally:
         scheduler.close()
 

@@ -6,8 +6,10 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from trtspec.bench.metrics import scrape, value
 from trtspec.config import parse_config
 from trtspec.contract import nvidia
+from trtspec.metrics import ENGINE_KV_BYTES_GAUGE, ENGINE_REQUESTS_GAUGE, ENGINE_STEP_TOKENS_GAUGE
 from trtspec.reference_engine import DEFAULTS, UNSUPPORTED_INPUTS
 from trtspec.repository import generate_repository
 
@@ -52,7 +54,7 @@ def _inputs(extra: dict):
 
 
 @pytest.fixture(scope="module")
-def address(tmp_path_factory, tiny_target):
+def endpoints(tmp_path_factory, tiny_target):
     from trtspec.server import ServerOptions, create_server
 
     cfg = parse_config({
@@ -65,12 +67,12 @@ def address(tmp_path_factory, tiny_target):
                          model_control_mode="explicit", load_models=["tensorrt_llm"])  # the tiny model has no tokenizer
     with create_server(opts) as s:
         s.wait_ready(300)
-        yield s.endpoints.http_address
+        yield s.endpoints
 
 
 @pytest.fixture(scope="module")
-def client(address):
-    with httpclient.InferenceServerClient(address) as c:
+def client(endpoints):
+    with httpclient.InferenceServerClient(endpoints.http_address) as c:
         yield c
 
 
@@ -118,7 +120,7 @@ def _generate(client, prompt, n=8):
     return r.as_numpy("output_ids")[0, 0].tolist(), times
 
 
-def test_concurrent_requests_share_steps_and_queue_beyond_max_batch_size(client, address):
+def test_concurrent_requests_share_steps_and_queue_beyond_max_batch_size(client, endpoints):
     """max_batch_size is 2 here: 8 concurrent requests run two at a time (the rest queue, none fails), each
     one's tokens equal its solo run, and requests running together overlap in time (one forward per step)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -127,9 +129,14 @@ def test_concurrent_requests_share_steps_and_queue_beyond_max_batch_size(client,
     solo = [_generate(client, p, 12)[0] for p in prompts]
     with ThreadPoolExecutor(8) as pool:
         # one client per thread: an HTTP client object is not for concurrent use
-        together = list(pool.map(lambda p: _generate(httpclient.InferenceServerClient(address), p, 12), prompts))
+        together = list(pool.map(lambda p: _generate(httpclient.InferenceServerClient(endpoints.http_address), p, 12), prompts))
     assert [tokens for tokens, _ in together] == solo
     spans = sorted(times for _, times in together)
     overlapping = sum(1 for a, b in zip(spans, spans[1:]) if b[0] < a[1])
     assert overlapping >= 1, f"no two requests ran in the same steps: {spans}"
     assert client.is_server_ready()
+    samples = scrape(endpoints.metrics)  # the batcher's gauges: drained now, and it has stepped
+    assert value(samples, ENGINE_STEP_TOKENS_GAUGE, model="tensorrt_llm") > 0
+    assert value(samples, ENGINE_REQUESTS_GAUGE, model="tensorrt_llm", state="active") == 0
+    assert value(samples, ENGINE_REQUESTS_GAUGE, model="tensorrt_llm", state="queued") == 0
+    assert value(samples, ENGINE_KV_BYTES_GAUGE, model="tensorrt_llm") == 0

@@ -14,6 +14,7 @@ import collections
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Callable
 
 from trtspec.ragged import Segment
 from trtspec.reference_engine import EngineRequest, EngineResult, ReferenceEngine, Steps
@@ -38,16 +39,30 @@ class SchedulerStats:
     last_step_tokens: int = 0
     steps: int = 0
     max_active: int = 0  # the largest running batch seen
+    kv_bytes: int = 0  # KV cache held by the running requests after the last step
+
+
+def cache_bytes(cache) -> int:
+    """Bytes of a transformers DynamicCache's keys and values."""
+    return sum(t.nbytes for layer in getattr(cache, "layers", ()) for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None and hasattr(t, "nbytes"))
 
 
 class BatchScheduler:
-    def __init__(self, engine: ReferenceEngine, max_batch_size: int = 8, max_num_tokens: int = 2048, max_queue_size: int = 0):
+    def __init__(
+        self,
+        engine: ReferenceEngine,
+        max_batch_size: int = 8,
+        max_num_tokens: int = 2048,
+        max_queue_size: int = 0,
+        on_step: Callable[[SchedulerStats], None] | None = None,
+    ):
         if max_batch_size < 1 or max_num_tokens < 1:
             raise ValueError(f"max_batch_size ({max_batch_size}) and max_num_tokens ({max_num_tokens}) must be >= 1")
         self.engine = engine
         self.max_batch_size, self.max_num_tokens = max_batch_size, max_num_tokens
         self.max_queue_size = max_queue_size or 64 * max_batch_size
         self.stats = SchedulerStats()
+        self.on_step = on_step  # called on the scheduler thread after every step (e.g. Prometheus gauges)
         self._queue: collections.deque[tuple[EngineRequest, Future]] = collections.deque()
         self._active: list[_Job] = []
         self._wake = threading.Condition()
@@ -162,6 +177,10 @@ class BatchScheduler:
                 self._finish(job, result=done.value)
             except Exception as e:
                 self._finish(job, error=e)
+        if self.on_step is not None:
+            self.stats.kv_bytes = sum(cache_bytes(job.segment.cache) for job in self._active)
+            self.stats.queued = len(self._queue)
+            self.on_step(self.stats)
 
     def _finish(self, job: _Job, result: EngineResult | None = None, error: BaseException | None = None) -> None:
         with self._wake:

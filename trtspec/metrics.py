@@ -166,3 +166,37 @@ class PrometheusExporter:
             keys = list(SOURCES) if s.label == "source" else [str(i) for i in range(len(value))]
             for key, n in zip(keys, value):
                 self._metric(s.counter, **{s.label: key}).increment(n)
+
+
+ENGINE_REQUESTS_GAUGE = "trtspec_engine_requests"
+ENGINE_STEP_TOKENS_GAUGE = "trtspec_engine_step_tokens"
+ENGINE_KV_BYTES_GAUGE = "trtspec_engine_kv_cache_bytes"
+
+
+class EngineGauges:
+    """The reference engine's in-flight batcher as Triton gauges, like the tensorrtllm backend's
+    nv_trt_llm_request_metrics / inflight_batcher / kv_cache_block metrics: requests running and queued,
+    tokens computed in the last step, and bytes of KV cache held by the running requests."""
+
+    def __init__(self, pb_utils: Any, model_name: str):
+        kind = pb_utils.MetricFamily.GAUGE
+        self._families = {
+            ENGINE_REQUESTS_GAUGE: pb_utils.MetricFamily(
+                name=ENGINE_REQUESTS_GAUGE, description="Engine requests by state (active: in the running batch, queued: waiting)", kind=kind),
+            ENGINE_STEP_TOKENS_GAUGE: pb_utils.MetricFamily(
+                name=ENGINE_STEP_TOKENS_GAUGE, description="Tokens computed in the engine's last forward step", kind=kind),
+            ENGINE_KV_BYTES_GAUGE: pb_utils.MetricFamily(
+                name=ENGINE_KV_BYTES_GAUGE, description="Bytes of KV cache held by the running requests", kind=kind),
+        }
+        labels = {"model": model_name}
+        self._active = self._families[ENGINE_REQUESTS_GAUGE].Metric(dict(labels, state="active"))
+        self._queued = self._families[ENGINE_REQUESTS_GAUGE].Metric(dict(labels, state="queued"))
+        self._tokens = self._families[ENGINE_STEP_TOKENS_GAUGE].Metric(labels)
+        self._kv = self._families[ENGINE_KV_BYTES_GAUGE].Metric(labels)
+
+    def update(self, stats: Any) -> None:
+        """`stats`: a trtspec.batching.SchedulerStats."""
+        self._active.set(stats.active)
+        self._queued.set(stats.queued)
+        self._tokens.set(stats.last_step_tokens)
+        self._kv.set(stats.kv_bytes)

@@ -21,6 +21,9 @@ What TensorRT-LLM's executor does, this does (the reasons are cited where they a
 Prefix KV-cache reuse plays the role of TensorRT-LLM's enable_kv_cache_reuse: the loop resends
 the whole running sequence every iteration, so each call only computes the tokens that are new
 since the longest cached prefix.
+
+A request is a generator of forward steps (`steps`); `run` serves one alone, and trtspec.batching's scheduler
+steps many together, one forward pass over all of them per step (the executor's in-flight batching).
 """
 
 from __future__ import annotations
@@ -476,8 +479,8 @@ class RequestTensorError(ValueError):
 
 def request_from_tensors(get: TensorGetter, max_input_len: int | None = None) -> EngineRequest | None:
     """An EngineRequest from the tensorrtllm backend's input tensors (`get(name)` -> array or None); None for a
-    `stop` request (NVIDIA's BLS cancels that way; requests here run to completion one at a time, so nothing is
-    in flight to cancel). Inputs the reference engine cannot honour are refused by name."""
+    `stop` request (NVIDIA's BLS cancels that way; here a request runs to completion and a stop is answered
+    with an empty response). Inputs the reference engine cannot honour are refused by name."""
 
     def scalar(name: str, default: Any = None) -> Any:
         a = get(name)

@@ -14,6 +14,7 @@ import triton_python_backend_utils as pb_utils
 # importing trtspec sets OMP_WAIT_POLICY=PASSIVE before torch loads (see trtspec/__init__.py)
 from trtspec import triton_io as io
 from trtspec.batching import BatchScheduler, QueueFull
+from trtspec.metrics import EngineGauges
 from trtspec.reference_engine import ReferenceEngine, RequestTensorError, request_from_tensors, result_tensors
 
 
@@ -45,6 +46,7 @@ class TritonPythonModel:
             max_batch_size=int(params.get("max_batch_size", "8")),
             max_num_tokens=int(params.get("max_num_tokens", "2048")),
             max_queue_size=int(params.get("max_queue_size", "0")),
+            on_step=EngineGauges(pb_utils, args["model_name"]).update,
         )
 
     def execute(self, requests):
