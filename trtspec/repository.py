@@ -169,7 +169,8 @@ def _engine_config(
     config.instance_group[0].count = model.instance_count
     if cfg.engine is EngineKind.reference:
         config.backend = "python"
-        config.ClearField("dynamic_batching")  # one request per execute(): steps of many requests interleave
+        # dynamic batching: the requests that arrive while a batch runs form the next one (trtspec.batching
+        # steps each batch's requests together)
         config.ClearField("parameters")
         _set_params(
             config,

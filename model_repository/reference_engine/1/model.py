@@ -19,10 +19,11 @@ from trtspec.reference_engine import ReferenceEngine, RequestTensorError, reques
 
 
 class TritonPythonModel:
-    """Not decoupled (one response per request, like tensorrt_llm with decoupled_mode false), but execute()
-    does not wait: it hands each request to the engine's scheduler and returns, and the scheduler thread
-    answers through the request's response sender (one response, FINAL flag). So requests from every caller
-    share forward steps instead of waiting for each other's execute()."""
+    """Not decoupled (one response per request, like tensorrt_llm with decoupled_mode false). Triton's dynamic
+    batcher hands execute() every request that arrived while the previous execute() ran (up to max_batch_size);
+    all of them go to the engine's scheduler at once and share its forward steps, and each is answered when
+    the batch returns. (Answering each through its response sender as soon as it is done would let requests
+    join mid-batch, but crashed the bundled tritonserver 2.51's python backend under load.)"""
 
     def initialize(self, args):
         params = io.model_parameters(args)
@@ -50,38 +51,27 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
-        for request in requests:
+        responses, pending = [None] * len(requests), []
+        for i, request in enumerate(requests):
             arrival = time.monotonic_ns()
-            sender = request.get_response_sender()
+            get = lambda name, request=request: io.tensor(pb_utils, request, name)  # noqa: E731
             try:
-                self._submit(request, sender, arrival)
+                req = request_from_tensors(get, self.max_input_len)
+                if req is None:  # a `stop` request
+                    responses[i] = pb_utils.InferenceResponse(output_tensors=[])
+                    continue
+                pending.append((i, get, arrival, time.monotonic_ns(), self.scheduler.submit(req)))
             except (RequestTensorError, QueueFull) as e:
-                _send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))))
+                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
             except Exception as e:  # the model must stay up whatever one request does
-                _send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}")))
-        return None
-
-    def _submit(self, request, sender, arrival):
-        get = lambda name: io.tensor(pb_utils, request, name)  # noqa: E731
-        req = request_from_tensors(get, self.max_input_len)
-        if req is None:  # a `stop` request
-            _send(sender, pb_utils.InferenceResponse(output_tensors=[]))
-            return
-        scheduled = time.monotonic_ns()
-
-        def answer(future):  # on the scheduler thread, as soon as this request is done
+                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}"))
+        for i, get, arrival, scheduled, future in pending:
             try:
                 tensors = result_tensors(future.result(), get, self.exclude_input_default, arrival, scheduled)
-                response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+                responses[i] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
             except Exception as e:
-                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e}"))
-            _send(sender, response)
-
-        self.scheduler.submit(req).add_done_callback(answer)
+                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}"))
+        return responses
 
     def finalize(self):
         self.scheduler.close()
-
-
-def _send(sender, response):
-    sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
