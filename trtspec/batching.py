@@ -177,9 +177,9 @@ class BatchScheduler:
                 self._finish(job, result=done.value)
             except Exception as e:
                 self._finish(job, error=e)
+        self.stats.kv_bytes = sum(cache_bytes(job.segment.cache) for job in self._active)
+        self.stats.queued = len(self._queue)
         if self.on_step is not None:
-            self.stats.kv_bytes = sum(cache_bytes(job.segment.cache) for job in self._active)
-            self.stats.queued = len(self._queue)
             self.on_step(self.stats)
 
     def _finish(self, job: _Job, result: EngineResult | None = None, error: BaseException | None = None) -> None:

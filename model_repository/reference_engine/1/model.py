@@ -21,9 +21,9 @@ from trtspec.reference_engine import ReferenceEngine, RequestTensorError, reques
 class TritonPythonModel:
     """Not decoupled (one response per request, like tensorrt_llm with decoupled_mode false). Triton's dynamic
     batcher hands execute() every request that arrived while the previous execute() ran (up to max_batch_size);
-    all of them go to the engine's scheduler at once and share its forward steps, and each is answered when
-    the batch returns. (Answering each through its response sender as soon as it is done would let requests
-    join mid-batch, but crashed the bundled tritonserver 2.51's python backend under load.)"""
+    all of them go to the engine's scheduler at once and share its forward steps. Responses and metrics leave
+    from this thread only: sending them from the scheduler thread (response sender, gauges per step) crashed
+    the bundled tritonserver 2.51 under concurrent BLS load."""
 
     def initialize(self, args):
         params = io.model_parameters(args)
@@ -47,8 +47,8 @@ class TritonPythonModel:
             max_batch_size=int(params.get("max_batch_size", "8")),
             max_num_tokens=int(params.get("max_num_tokens", "2048")),
             max_queue_size=int(params.get("max_queue_size", "0")),
-            on_step=EngineGauges(pb_utils, args["model_name"]).update,
         )
+        self.gauges = EngineGauges(pb_utils, args["model_name"])
 
     def execute(self, requests):
         responses, pending = [None] * len(requests), []
@@ -71,6 +71,7 @@ class TritonPythonModel:
                 responses[i] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
             except Exception as e:
                 responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}"))
+        self.gauges.update(self.scheduler.stats)
         return responses
 
     def finalize(self):
