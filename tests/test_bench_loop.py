@@ -244,7 +244,11 @@ def test_derive_and_report_render_without_crashing():
     assert e["spec_vs_hf_assisted"] == pytest.approx((10 / 0.9) / (10 / 1.2))
     ov = results["server"]["overhead"]
     assert ov["speculative_per_iteration_s"] == pytest.approx((0.9 - 0.8) / 6)
-    assert ov["limit_s"] == pytest.approx(3 * 0.0004)
+    assert ov["limit_s"] == pytest.approx(3 * 0.0004) and ov["limit_round_trips"] == 3
+    results["settings"]["draft_source"] = "ngram"  # no draft-model call per iteration: a tighter target
+    bl.derive(results, ["chat"], k)
+    assert results["server"]["overhead"]["limit_s"] == pytest.approx(1.5 * 0.0004)
+    assert "1.5 BLS round trips" in bl.render_report(results, ["chat"])
     assert results["inprocess"]["cost"]["c_server"] == pytest.approx((0.2 / 18) / 0.09)
     names = [c["check"] for c in results["checks"]]
     assert any("0.9 S" in n for n in names) and any("verify" in n for n in names)

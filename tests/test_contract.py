@@ -82,16 +82,30 @@ def test_engine_models_declare_exactly_nvidias_tensorrt_llm(tmp_path, tiny_targe
     assert {loop.engine_name("min_tokens"), loop.engine_name("seed")} <= {t.name for t in io.inputs}
 
 
-def _lacks(models, model, contract):
-    ours = {t.name for t in models[model].input}
-    return [t.name for t in nvidia.model_io(contract, model).inputs if t.name not in ours]
+# our model -> NVIDIA's model whose clients it serves
+DROP_INS = {"ensemble": "ensemble", "baseline": "ensemble", "preprocessing": "preprocessing",
+            "postprocessing": "postprocessing", "speculative": "tensorrt_llm_bls"}
 
 
-@pytest.mark.parametrize("model", [
-    pytest.param("ensemble", marks=pytest.mark.xfail(strict=True, reason="ensemble drop-in pending")),
-    pytest.param("preprocessing", marks=pytest.mark.xfail(strict=True, reason="ensemble drop-in pending")),
-    pytest.param("postprocessing", marks=pytest.mark.xfail(strict=True, reason="ensemble drop-in pending")),
-])
-def test_pre_post_and_ensemble_take_every_nvidia_input(tmp_path, tiny_target, model):
-    models = _repo(tmp_path, tiny_target, None)
-    assert _lacks(models, model, nvidia.supported_versions()[-1]) == []
+@pytest.mark.parametrize("contract", list(RELEASES))
+@pytest.mark.parametrize("model", list(DROP_INS))
+def test_drop_ins_declare_every_nvidia_tensor_with_its_type_and_dims(tmp_path, tiny_target, contract, model):
+    """Ours may add tensors, never lack one; each of NVIDIA's has the same data type and dims, and an input
+    NVIDIA's model takes as optional is optional here too."""
+    ours = _repo(tmp_path, tiny_target, RELEASES[contract])[model]
+    io = nvidia.model_io(contract, DROP_INS[model])
+    for kind, theirs, declared in (("input", io.inputs, ours.input), ("output", io.outputs, ours.output)):
+        by_name = {t.name: t for t in declared}
+        for t in theirs:
+            assert t.name in by_name, f"{model} lacks NVIDIA's {kind} {t.name}"
+            mine = by_name[t.name]
+            assert (mc.DataType.Name(mine.data_type), list(mine.dims)) == (t.data_type, list(t.dims)), (model, t.name)
+            if kind == "input" and t.optional:
+                assert mine.optional, (model, t.name)
+
+
+def test_postprocessing_takes_nvidias_3d_tokens_batch_and_keeps_prefix_ids_optional(tmp_path, tiny_target):
+    post = _repo(tmp_path, tiny_target, None)["postprocessing"]
+    by_name = {t.name: t for t in post.input}
+    assert list(by_name["TOKENS_BATCH"].dims) == [-1, -1] and not by_name["TOKENS_BATCH"].optional
+    assert by_name["PREFIX_IDS"].optional and not by_name["SEQUENCE_LENGTH"].optional

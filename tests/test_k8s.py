@@ -13,7 +13,7 @@ from trtspec.cli import cli
 from trtspec.config import load_config
 from trtspec.k8s.manifests import DEFAULT_OPENAI_PORT, QUEUE_METRIC
 from trtspec.k8s.validate import validate_object
-from trtspec.repository import LOOP
+from trtspec.repository import BASELINE, ENSEMBLE, LOOP
 from trtspec.server import ServerOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +97,10 @@ def test_gpu_example_manifests_validate_and_carry_the_plan(tmp_path, name):
     hpa = files["hpa.yaml"][0]["spec"]
     assert hpa["scaleTargetRef"]["kind"] == "Deployment"
     metric = hpa["metrics"][0]["pods"]["metric"]
-    assert metric == {"name": QUEUE_METRIC, "selector": {"matchLabels": {"model": LOOP}}}
+    assert metric["name"] == QUEUE_METRIC
+    (watched,) = metric["selector"]["matchExpressions"]
+    assert watched["key"] == "model" and watched["operator"] == "In"
+    assert {ENSEMBLE, BASELINE, LOOP} <= set(watched["values"])  # text traffic enters the text endpoints
     assert adapter["rules"]["custom"][0]["name"]["as"] == QUEUE_METRIC
     assert files["podmonitor.yaml"][0]["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     assert "build-job.yaml" in files and "pvc.yaml" in files

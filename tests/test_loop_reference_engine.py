@@ -260,3 +260,13 @@ def test_common_prefix_matches_a_plain_scan():
         a = [rng.randint(0, 2) for _ in range(rng.randint(0, 40))]
         b = a[: rng.randint(0, len(a))] + [rng.randint(0, 2) for _ in range(rng.randint(0, 10))]
         assert _common_prefix(a, b) == _common_prefix(b, a) == scan(a, b)
+
+
+def test_an_empty_embedding_bias_means_none() -> None:
+    """NVIDIA's tensorrt_llm_bls forwards preprocessing's EMBEDDING_BIAS on every call, empty without bias words."""
+    base = {"input_ids": np.array([[1, 2, 3]], dtype=np.int32), "input_lengths": np.array([[3]], dtype=np.int32),
+            "request_output_len": np.array([[4]], dtype=np.int32)}
+    empty = dict(base, embedding_bias=np.zeros((1, 0), dtype=np.float32))
+    assert request_from_tensors(empty.get).embedding_bias is None
+    bias = dict(base, embedding_bias=np.ones((1, 5), dtype=np.float32))
+    assert request_from_tensors(bias.get).embedding_bias.shape == (5,)

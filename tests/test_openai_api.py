@@ -208,6 +208,22 @@ def test_speculation_controls_and_the_baseline_model(client, triton, name) -> No
     assert base["total_draft_tokens"] == 0 and off["total_draft_tokens"] == 0
 
 
+@pytest.mark.slow
+def test_min_tokens_and_ignore_eos_fix_the_output_length(api, client, name) -> None:
+    """What AIPerf and vLLM-style benchmarks send for a fixed output length: honoured, never ignored."""
+    def tokens(**extra) -> int:
+        r = client.chat.completions.create(model=name, messages=[{"role": "user", "content": QUESTION}],
+                                           max_tokens=48, temperature=0, extra_body=extra)
+        return r.usage.completion_tokens
+
+    natural = tokens()
+    assert natural < 48  # the answer ends at the end token on its own, so the fields below must act
+    assert tokens(min_tokens=48) == 48
+    assert tokens(ignore_eos=True) == 48
+    _assert_error(api, 400, {"model": name, "messages": [{"role": "user", "content": "hi"}], "min_tokens": -1},
+                  says="min_tokens")
+
+
 def _assert_error(api, status: int, body, param: str | None = None, says: str = "") -> dict:
     code, reply = _post(api, "/chat/completions", body)
     assert code == status, reply

@@ -7,7 +7,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtspec.contract import REQUEST_FIELDS, RESPONSE_STATS
+from trtspec.contract import REQUEST_FIELDS, RESPONSE_STATS, nvidia
 from trtspec.loop import LoopSettings
 from trtspec.config import parse_config
 from trtspec.contract import nvidia
@@ -131,13 +131,14 @@ def test_loop_and_ensemble_interfaces_come_from_the_contract(repos):
     models = _parse_all(repos[0])
     ens_in = {t.name for t in models["ensemble"].input}
     loop_in = {t.name for t in models["speculative"].input}
-    assert ens_in == {f.name for f in REQUEST_FIELDS}
-    assert {f.loop_input for f in REQUEST_FIELDS if f.loop_input} <= loop_in
+    assert ens_in == {n for f in REQUEST_FIELDS for n in (f.name, *f.aliases)}
+    assert {n for f in REQUEST_FIELDS for n in f.names} <= loop_in
     stats = {s.name for s in RESPONSE_STATS}
     for name in ("ensemble", "baseline", "speculative", "baseline_loop"):
         assert stats <= {t.name for t in models[name].output}
     assert _io(models["baseline"]) == _io(models["ensemble"])
-    assert {t.name for t in models["ensemble"].output} == stats | {"text_output", "output_ids", "sequence_length"}
+    nvidia_out = {t.name for t in nvidia.model_io(nvidia.supported_versions()[-1], "ensemble").outputs}
+    assert {t.name for t in models["ensemble"].output} == stats | nvidia_out | {"output_ids", "sequence_length"}
 
 
 def _loop_settings(config):

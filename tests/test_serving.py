@@ -270,3 +270,117 @@ def test_draft_unloaded_mid_run_falls_back_to_target_only(server, baseline):
         admin.load_model("tensorrt_llm_draft")
     g = _client(server).generate(PROMPTS[0], MAX_TOKENS, num_draft_tokens=3)
     assert g.stats.draft_fallbacks == 0 and g.stats.total_draft_tokens > 0
+
+
+# ---------------------------------------------------------------- NVIDIA's ensemble / BLS request interface
+
+
+def _early_end(baseline) -> int:
+    """A prompt whose greedy output ends at the end token before MAX_TOKENS (min_tokens must then change it)."""
+    return next(i for i, ids in enumerate(baseline) if len(ids) < MAX_TOKENS)
+
+
+@pytest.mark.parametrize("name", ["min_tokens", "min_length"])  # min_length: genai-perf --output-tokens-mean-deterministic
+def test_min_tokens_holds_off_the_end_token_exactly_in_both_endpoints(server, baseline, name):
+    i = _early_end(baseline)
+    spec = _client(server).generate(PROMPTS[i], MAX_TOKENS, num_draft_tokens=3, **{name: MAX_TOKENS})
+    base = _client(server, model="baseline").generate(PROMPTS[i], MAX_TOKENS, **{name: MAX_TOKENS})
+    assert len(base.token_ids) == MAX_TOKENS and spec.token_ids == base.token_ids
+    assert base.token_ids[: len(baseline[i])] == baseline[i]
+    short = _client(server).generate(PROMPTS[i], MAX_TOKENS, **{name: len(baseline[i]) + 2})
+    assert len(short.token_ids) >= len(baseline[i]) + 2
+
+
+def test_exclude_input_in_output_false_starts_the_output_with_the_prompt(server):
+    prompt = "The history of the printing press begins"
+    default = _client(server).generate(prompt, 8)
+    whole = _client(server).generate(prompt, 8, exclude_input_in_output=False)
+    excluded = _client(server).generate(prompt, 8, exclude_input_in_output=True)
+    assert excluded.text == default.text and whole.text == prompt + default.text
+
+
+@pytest.mark.parametrize("field,value,changes", [
+    ("repetition_penalty", 2.0, True), ("presence_penalty", 20.0, True), ("frequency_penalty", 20.0, True),
+    ("length_penalty", 2.0, False),  # beam search only: nothing at beam width 1, as in TensorRT-LLM
+])
+def test_penalties_reach_the_engines_and_speculation_stays_exact(server, baseline, field, value, changes):
+    i = 1
+    spec = _client(server).generate(PROMPTS[i], MAX_TOKENS, num_draft_tokens=3, **{field: value})
+    base = _client(server, model="baseline").generate(PROMPTS[i], MAX_TOKENS, **{field: value})
+    assert spec.token_ids == base.token_ids
+    assert (base.token_ids != baseline[i]) is changes
+
+
+def test_embedding_bias_words_steer_the_output(server):
+    out = _client(server).generate("My favourite fruit is", 6, embedding_bias_words=[" banana"], embedding_bias_weights=[50.0])
+    assert out.text.count("banana") >= 3
+    base = _client(server, model="baseline").generate("My favourite fruit is", 6, embedding_bias_words=[" banana"],
+                                                        embedding_bias_weights=[50.0])
+    assert base.token_ids == out.token_ids
+
+
+def test_random_seed_is_seed_and_token_counts_are_returned(server):
+    body = {"text_input": PROMPTS[2], "max_tokens": 8, "temperature": 0.8, "stream": False,
+            "return_num_input_tokens": True, "return_num_output_tokens": True}
+    a = json.loads(_post(server, {**body, "seed": 11}).read())
+    b = json.loads(_post(server, {**body, "random_seed": 11}).read())
+    assert a["output_ids"] == b["output_ids"] and a["text_output"] == b["text_output"]
+    assert a["num_output_tokens"] == 8 and a["num_input_tokens"] > 5
+
+
+@pytest.mark.parametrize("field,value", [
+    ("beam_width", 2), ("num_return_sequences", 2), ("return_log_probs", True), ("return_context_logits", True),
+    ("return_generation_logits", True), ("decoder_text_input", "x"), ("guided_decoding_guide_type", "json"),
+    ("lora_task_id", 1), ("prompt_vocab_size", 4), ("image_url_input", "http://example.com/a.png"),
+    ("min_tokens", -1), ("repetition_penalty", 0.0),
+])
+def test_inputs_it_cannot_honour_are_refused_by_name(server, field, value):
+    import urllib.error
+
+    with pytest.raises(urllib.error.HTTPError) as info:
+        _post(server, {"text_input": "hello", "max_tokens": 4, field: value})
+    assert info.value.code == 400 and field in json.loads(info.value.read())["error"]
+
+
+def test_a_tensorrt_llm_bls_client_switches_by_model_name(server, baseline):
+    """A request exactly as a client of NVIDIA's tensorrt_llm_bls sends it (names, dtypes, shapes from the contract
+    data of the pinned version), to `speculative`: the same text as the ensemble."""
+    import tritonclient.grpc as grpcclient
+
+    from trtspec.contract import nvidia
+
+    bls = nvidia.model_io(nvidia.supported_versions()[-1], "tensorrt_llm_bls")
+    values = {"text_input": PROMPTS[0], "max_tokens": MAX_TOKENS, "bad_words": "", "stop_words": "",
+              "num_draft_tokens": 3, "use_draft_logits": False, "stream": False, "return_perf_metrics": True}
+    inputs = []
+    for name, v in values.items():
+        t = bls.input(name)
+        dtype = {"TYPE_STRING": np.object_, "TYPE_INT32": np.int32, "TYPE_BOOL": np.bool_}[t.data_type]
+        a = np.array([[v.encode() if isinstance(v, str) else v]], dtype=dtype)
+        inputs.append(grpcclient.InferInput(name, list(a.shape), "BYTES" if dtype is np.object_ else t.data_type[5:]))
+        inputs[-1].set_data_from_numpy(a)
+    c = grpcclient.InferenceServerClient(server.endpoints.grpc_address)
+    results = []
+    c.start_stream(callback=lambda result, error: results.append((result, error)))
+    c.async_stream_infer("speculative", inputs, outputs=[grpcclient.InferRequestedOutput("text_output")])
+    c.stop_stream()
+    (result, error), = results
+    assert error is None
+    assert result.as_numpy("text_output").reshape(-1)[0].decode() == _client(server).generate(PROMPTS[0], MAX_TOKENS).text
+    http = json.loads(urllib.request.urlopen(urllib.request.Request(
+        f"http://{server.endpoints.http_address}/v2/models/speculative/generate",
+        data=json.dumps({k: v for k, v in values.items() if k not in ("bad_words", "stop_words")}).encode()), timeout=60).read())
+    assert http["output_ids"] == baseline[0]
+
+
+def test_postprocessing_decodes_nvidias_3d_tokens_batch(server, baseline):
+    import tritonclient.grpc as grpcclient
+
+    ids = np.array([[baseline[0] + [0, 0]]], dtype=np.int32)  # [batch, beam, tokens], padded past the length
+    tokens = grpcclient.InferInput("TOKENS_BATCH", list(ids.shape), "INT32")
+    tokens.set_data_from_numpy(ids)
+    length = grpcclient.InferInput("SEQUENCE_LENGTH", [1, 1], "INT32")
+    length.set_data_from_numpy(np.array([[len(baseline[0])]], dtype=np.int32))
+    out = grpcclient.InferenceServerClient(server.endpoints.grpc_address).infer("postprocessing", [tokens, length])
+    assert out.as_numpy("OUTPUT").shape == (1, 1)
+    assert out.as_numpy("OUTPUT")[0, 0].decode() == _client(server).generate(PROMPTS[0], MAX_TOKENS).text

@@ -197,7 +197,9 @@ def _chunk(body: dict[str, Any]) -> Chunk:
 
 
 def _http_error(e: urllib.error.HTTPError) -> str:
+    """Triton's error message: a JSON body, or for generate_stream one server-sent event (`data: {...}`)."""
     try:
-        return json.loads(e.read()).get("error", str(e))
+        body = e.read().decode("utf-8", errors="replace").strip()
+        return json.loads(body.removeprefix("data:")).get("error", str(e))
     except Exception:
         return str(e)

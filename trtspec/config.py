@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 
 from trtspec.contract.fields import DRAFT_LENGTH_POLICIES
@@ -35,6 +35,10 @@ class EngineKind(str, Enum):
 
 Dtype = Literal["float16", "bfloat16", "float32"]
 
+# The reference engine's default prefix-cache budget per model: the demo target's KV cache is 45 KiB per
+# token (float32), so this holds ~5,800 tokens, e.g. 8 streams of 700.
+REFERENCE_KV_CACHE_BYTES = 256 * 1024**2
+
 
 class ModelConfig(_Strict):
     """One model of the pair (target or draft)."""
@@ -51,6 +55,22 @@ class ModelConfig(_Strict):
         default=None, description="default: derived from the memory estimate instead of NVIDIA's fixed 0.5"
     )
     instance_count: Annotated[int, Field(ge=1, le=64)] = 1
+    kv_cache_max_bytes: ByteSize = Field(
+        default=REFERENCE_KV_CACHE_BYTES,
+        description="engine: reference only: bytes of KV cache kept for prefix reuse (e.g. 256MiB, 2GB; 0: no reuse); "
+        "least recently used entries are evicted. The CPU analogue of kv_cache_free_gpu_mem_fraction",
+    )
+
+    @field_validator("kv_cache_max_bytes", mode="before")
+    @classmethod
+    def _byte_size(cls, v: Any) -> Any:
+        try:
+            size = TypeAdapter(ByteSize).validate_python(v)
+        except ValidationError:
+            raise ValueError("not a size; write a byte count or a size with a unit, like 256MiB or 2GB") from None
+        if size < 0:
+            raise ValueError("negative; use 0 to keep no cache, or a size like 256MiB")
+        return size
 
     @property
     def world_size(self) -> int:
@@ -208,6 +228,14 @@ class BuildConfig(_Strict):
             raise ValueError(
                 "draft.quantization: fp8 needs engine: tensorrt_llm or llmapi (the reference engine runs HF weights as they are)"
             )
+        if self.engine is not EngineKind.reference:
+            for role in ("target", "draft"):
+                m = getattr(self, role)
+                if m is not None and "kv_cache_max_bytes" in m.model_fields_set:
+                    raise ValueError(
+                        f"{role}.kv_cache_max_bytes applies to engine: reference; TensorRT-LLM sizes its KV cache "
+                        f"with {role}.kv_cache_free_gpu_mem_fraction"
+                    )
         if self.engine is EngineKind.llmapi:
             self._check_llmapi()
         elif self.llmapi is not None:

@@ -39,19 +39,21 @@ class NgramDrafter:
 
 
 def propose_ngram(tokens: Sequence[int], k: int, n_max: int = 3, n_min: int = 1) -> list[int]:
-    """Up to k tokens copied from after the latest earlier match of the longest suffix n-gram; [] if none."""
+    """Up to k tokens copied from after the latest earlier match of the longest suffix n-gram; [] if none.
+
+    Vectorized: it runs every iteration of the loop, and a Python scan of a 1,000-token sequence that finds
+    no match costs about a millisecond, as much as an engine round trip."""
     L = len(tokens)
     if k <= 0 or L < 2:
         return []
-    seq = list(tokens)
+    seq = np.asarray(tokens, dtype=np.int64)
     for n in range(min(n_max, L - 1), n_min - 1, -1):
-        suffix = seq[L - n :]
-        # most recent occurrence first; it must end before the suffix itself starts repeating at L
-        for start in range(L - n - 1, -1, -1):
-            if seq[start : start + n] == suffix:
-                follow = seq[start + n : start + n + k]
-                if follow:
-                    return follow
+        # windows that end before the last token, so something follows each match
+        windows = np.lib.stride_tricks.sliding_window_view(seq[: L - 1], n)
+        hits = np.flatnonzero((windows == seq[L - n :]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return [int(t) for t in seq[start : start + k]]
     return []
 
 

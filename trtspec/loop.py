@@ -75,6 +75,15 @@ class LoopRequest:
     top_p: float | None = None
     seed: int | None = None
     return_perf_metrics: bool | None = None
+    min_tokens: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    length_penalty: float | None = None
+    exclude_input_in_output: bool | None = None  # None: the generated tokens only
+    embedding_bias: Sequence[float] | None = None  # one value per vocabulary entry, added to every engine's logits
+    return_num_input_tokens: bool | None = None
+    return_num_output_tokens: bool | None = None
 
 
 @dataclass
@@ -133,14 +142,12 @@ class SpeculativeLoop:
             t["end_id"] = _i32(req.end_id)
         if req.pad_id is not None:
             t["pad_id"] = _i32(req.pad_id)
-        if req.temperature is not None:
-            t["temperature"] = np.array([[req.temperature]], dtype=np.float32)
-        if req.top_k is not None:
-            t["runtime_top_k"] = _i32(req.top_k)
-        if req.top_p is not None:
-            t["runtime_top_p"] = np.array([[req.top_p]], dtype=np.float32)
-        if req.seed is not None:
-            t[self.settings.engine_name("seed")] = np.array([[req.seed]], dtype=np.uint64)
+        for f in REQUEST_FIELDS:  # sampling inputs and penalties, as the engines name them (version aliases)
+            value = getattr(req, f.name, None) if f.engine_input else None
+            if value is not None:
+                t[self.settings.engine_name(f.engine_input)] = np.array([[value]], dtype=f.numpy)
+        if req.embedding_bias is not None:
+            t["embedding_bias"] = np.asarray(req.embedding_bias, dtype=np.float32).reshape(1, -1)
         if req.bad_words:
             t["bad_words_list"] = to_words_list(req.bad_words)
         return t
@@ -175,14 +182,17 @@ class SpeculativeLoop:
 
         return draft
 
-    def _verify(self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray]) -> list[int]:
-        """`common`: the request's sampling and stop-word tensors, built once per request."""
+    def _verify(self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray], min_tokens: int) -> list[int]:
+        """`common`: the request's sampling and stop-word tensors, built once per request; `min_tokens`: how many
+        more tokens the request must generate before the end token may come (each call is a new engine request)."""
         tensors = dict(common)
         tensors.update(
             input_ids=np.array([seq], dtype=np.int32),
             input_lengths=_i32(len(seq)),
             request_output_len=_i32(len(proposal.tokens) + 1),
         )
+        if min_tokens > 0:
+            tensors[self.settings.engine_name("min_tokens")] = _i32(min_tokens)
         if proposal.tokens:
             tensors["draft_input_ids"] = np.array([proposal.tokens], dtype=np.int32)
             if proposal.logits is not None:
@@ -251,7 +261,7 @@ class SpeculativeLoop:
                     used = source
                     break
             draft = proposal.tokens
-            new = self._verify(seq, proposal, verify_common)
+            new = self._verify(seq, proposal, verify_common, (req.min_tokens or 0) - len(generated))
             accepted = 0
             while accepted < min(len(draft), len(new)) and new[accepted] == draft[accepted]:
                 accepted += 1

@@ -35,6 +35,9 @@ TEMPLATES = Path(__file__).resolve().parent / "model_repository"
 TARGET, DRAFT = "tensorrt_llm", "tensorrt_llm_draft"
 LOOP, BASELINE_LOOP = "speculative", "baseline_loop"
 ENSEMBLE, BASELINE = "ensemble", "baseline"  # the text endpoints (model_repository/text)
+# Where requests enter, each counted once: Triton clients send text to the text endpoints (which run the loop
+# in-process); the OpenAI API sends token ids to the loop models.
+ENTRY_MODELS = (ENSEMBLE, BASELINE, LOOP, BASELINE_LOOP)
 TEXT = "text"
 
 
@@ -62,6 +65,8 @@ def _set_params(config: mc.ModelConfig, **values: object) -> None:
 
 
 def _add_tensor(tensors, name: str, dtype: str, dims: tuple[int, ...], optional: bool = False) -> None:
+    if any(t.name == name for t in tensors):  # one declaration per name (end_id is a token input and a field)
+        return
     t = tensors.add(name=name, data_type=mc.DataType.Value(f"TYPE_{dtype}"), dims=list(dims))
     if optional:
         t.optional = True
@@ -72,31 +77,67 @@ def _add_tensor(tensors, name: str, dtype: str, dims: tuple[int, ...], optional:
 _LOOP_TOKEN_OUTPUTS = (("output_ids", (-1,)), ("prefix_ids", (-1,)), ("sequence_length", (1,)))
 
 
-def _stat_outputs(config: mc.ModelConfig) -> None:
+def _contract(version: str | None, model: str) -> nvidia.ModelIO:
+    try:
+        return nvidia.model_io(nvidia.version_for(version), model)
+    except ValueError as e:
+        raise RepositoryError(f"tensorrt_llm_version: {e}") from None
+
+
+def _outputs(config: mc.ModelConfig, nvidia_model: str, version: str | None) -> None:
+    """trtspec's statistics, then every output NVIDIA's `nvidia_model` declares in `version` that is not declared yet
+    (those the loop cannot compute are never sent, as TensorRT-LLM leaves out outputs a request did not enable)."""
     for s in RESPONSE_STATS:
         _add_tensor(config.output, s.name, s.dtype, (-1,) if s.vector else (1,))
+    for t in _contract(version, nvidia_model).outputs:
+        if not any(o.name == t.name for o in config.output):
+            t.to_pb(config.output.add())
 
 
-def loop_io(config: mc.ModelConfig) -> None:
-    """The loop model's declared tensors, from trtspec.contract."""
-    for name, dtype, dims, optional in LOOP_TOKEN_INPUTS:
-        _add_tensor(config.input, name, dtype, dims, optional)
+def _request_fields(config: mc.ModelConfig, *, endpoint: bool) -> None:
+    """Every request field under its client names (a text endpoint: text_input and max_tokens required), and for
+    the loop model also under the loop's TensorRT-LLM names (runtime_top_k, streaming, ...)."""
     for f in REQUEST_FIELDS:
-        if f.loop_input is not None:
-            _add_tensor(config.input, f.loop_input, f.dtype, f.dims, optional=True)
+        for name in (f.name, *f.aliases) if endpoint else f.names:
+            _add_tensor(config.input, name, f.dtype, f.dims, optional=not (f.required and endpoint))
+
+
+def loop_io(config: mc.ModelConfig, version: str | None = None) -> None:
+    """The loop model's declared tensors, from trtspec.contract: token ids under TensorRT-LLM's names, or text as
+    NVIDIA's tensorrt_llm_bls takes it (every BLS input of `version`), per request."""
+    for name, dtype, dims, optional in LOOP_TOKEN_INPUTS:
+        _add_tensor(config.input, name, dtype, dims, optional=True)
+    _request_fields(config, endpoint=False)
+    _add_tensor(config.output, "text_output", "STRING", (-1,))
     for name, dims in _LOOP_TOKEN_OUTPUTS:
         _add_tensor(config.output, name, "INT32", dims)
-    _stat_outputs(config)
+    _outputs(config, "tensorrt_llm_bls", version)
 
 
-def endpoint_io(config: mc.ModelConfig) -> None:
-    """A text endpoint's declared tensors (the interface of NVIDIA's ensemble; any flavour), from trtspec.contract."""
-    for f in REQUEST_FIELDS:
-        _add_tensor(config.input, f.name, f.dtype, f.dims, optional=not f.required)
-    _add_tensor(config.output, "text_output", "STRING", (1,))
+def endpoint_io(config: mc.ModelConfig, version: str | None = None) -> None:
+    """A text endpoint's declared tensors (every input and output of NVIDIA's ensemble of `version`, plus trtspec's;
+    any flavour), from trtspec.contract."""
+    _request_fields(config, endpoint=True)
+    _add_tensor(config.output, "text_output", "STRING", (-1,))
     _add_tensor(config.output, "output_ids", "INT32", (-1,))
     _add_tensor(config.output, "sequence_length", "INT32", (1,))
-    _stat_outputs(config)
+    _outputs(config, "ensemble", version)
+
+
+def pre_post_io(config: mc.ModelConfig, version: str | None) -> None:
+    """preprocessing / postprocessing declare exactly NVIDIA's I/O of `version` (contract data), then their extras
+    from the template (postprocessing's optional PREFIX_IDS, the context for streamed chunks)."""
+    extras = [t for t in config.input]
+    del config.input[:]
+    del config.output[:]
+    io = _contract(version, config.name)
+    for t in io.inputs:
+        t.to_pb(config.input.add())
+    for t in io.outputs:
+        t.to_pb(config.output.add())
+    for t in extras:
+        if not any(i.name == t.name for i in config.input):
+            config.input.add().CopyFrom(t)
 
 
 def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_input_names: dict[str, str]) -> LoopSettings:
@@ -114,10 +155,7 @@ def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_
 def engine_io(config: mc.ModelConfig, trtllm_version: str | None) -> mc.ModelConfig:
     """Declare exactly the inputs/outputs of NVIDIA's `tensorrt_llm` model for `trtllm_version` (its contract
     data; the newest supported one when unset): tensor names such as min_length/min_tokens come from there."""
-    try:
-        contract = nvidia.model_io(nvidia.version_for(trtllm_version), TARGET)
-    except ValueError as e:
-        raise RepositoryError(f"tensorrt_llm_version: {e}") from None
+    contract = _contract(trtllm_version, TARGET)
     del config.input[:]
     del config.output[:]
     for t in contract.inputs:
@@ -178,6 +216,7 @@ def _engine_config(
             device=cfg.device,
             dtype=model.dtype,
             kv_cache_entries=2 * cfg.limits.max_batch_size,
+            kv_cache_max_bytes=int(model.kv_cache_max_bytes),
             max_input_len=cfg.limits.max_input_len,
             # the in-flight batcher's limits (trtspec.batching): requests per step and tokens per step
             max_batch_size=cfg.limits.max_batch_size,
@@ -256,6 +295,7 @@ def _write_models(
     ):
         c = w.batch(load_template(name))
         c.instance_group[0].count = count
+        pre_post_io(c, version)
         _set_params(c, tokenizer_dir=tokenizer_dir)
         w.write(c, TEMPLATES / name / "1" / "model.py")
 
@@ -264,22 +304,18 @@ def _write_models(
     if cfg.draft is not None and uses_model:
         w.write(w.batch(_engine_config(cfg, "draft", DRAFT, draft_engine_dir, version, fractions.get("draft"))), engine_py)
     aliases = LEGACY_ENGINE_NAMES if legacy_tensor_names(version) else {}
-    for loop_name, baseline in ((LOOP, False), (BASELINE_LOOP, True)):
-        c = w.batch(load_template(LOOP))
-        c.name = loop_name
-        c.instance_group[0].count = cfg.triton.speculative_instance_count if not baseline else 1
-        loop_io(c)
-        _set_params(c, **settings_parameter(loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases)))
-        w.write(c, TEMPLATES / LOOP / "1" / "model.py")
-
-    for name, baseline in ((ENSEMBLE, False), (BASELINE, True)):
-        c = w.batch(load_template(TEXT))
+    # token ids in (speculative, baseline_loop) or text in (ensemble, baseline): one LoopModel serves both
+    for name, template, declare_io, baseline in (
+        (LOOP, LOOP, loop_io, False), (BASELINE_LOOP, LOOP, loop_io, True),
+        (ENSEMBLE, TEXT, endpoint_io, False), (BASELINE, TEXT, endpoint_io, True),
+    ):
+        c = w.batch(load_template(template))
         c.name = name
         c.instance_group[0].count = cfg.triton.speculative_instance_count if not baseline else 1
-        endpoint_io(c)
+        declare_io(c, version)
         settings = loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases)
         _set_params(c, tokenizer_dir=tokenizer_dir, **settings_parameter(settings))
-        w.write(c, TEMPLATES / TEXT / "1" / "model.py")
+        w.write(c, TEMPLATES / LOOP / "1" / "model.py")
 
 
 def list_models(repo: Path) -> dict[str, mc.ModelConfig]:

@@ -41,6 +41,21 @@ class TextCodec:
             out.append(ids)
         return out
 
+    def embedding_bias(self, words: Sequence[str], weights: Sequence[float]) -> list[float] | None:
+        """NVIDIA's preprocessing rule: each word's weight is added to the bias of every token of the word; one
+        value per vocabulary entry. None when no words are given."""
+        if len(words) != len(weights):
+            raise RequestError(f"embedding_bias_words has {len(words)} entries and embedding_bias_weights {len(weights)}: "
+                               "send one weight per word")
+        if not words:
+            return None
+        bias = [0.0] * self.tokenizer.vocab_size
+        for word, weight in zip(words, weights):
+            for t in self.tokenizer.encode(word, add_special_tokens=False) if word else []:
+                if t < len(bias):
+                    bias[t] += float(weight)
+        return bias
+
     def decode_chunk(self, prefix: Sequence[int], new: Sequence[int]) -> str:
         """The text `new` adds after `prefix` (trtspec.detokenize.chunk_text)."""
         return chunk_text(self.tokenizer, prefix, new, self.skip_special_tokens)

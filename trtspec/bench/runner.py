@@ -130,6 +130,7 @@ class RequestRecord:
     stats: SpecStats = field(default_factory=SpecStats)  # the last response's running stats (= the final ones)
     client_overhead_s: float = 0.0
     error: str | None = None
+    left_early: bool = False  # the client went away after `leave_after` responses (soak)
 
     @property
     def endpoint(self) -> str:
@@ -313,8 +314,17 @@ def check_deployment(settings: BenchSettings, endpoints: Sequence[str]) -> None:
 # ------------------------------------------------------------------------------------------------ running
 
 
-def _one_request(settings: BenchSettings, cell: Cell, index: int, prompt: Prompt, warmup: bool) -> RequestRecord:
-    """One streamed request.
+def _one_request(
+    settings: BenchSettings,
+    cell: Cell,
+    index: int,
+    prompt: Prompt,
+    warmup: bool,
+    extra: dict[str, Any] | None = None,
+    leave_after: int | None = None,
+) -> RequestRecord:
+    """One streamed request; `extra` request fields override the cell's, and with `leave_after` the client goes
+    away (closes the HTTP connection, cancels the gRPC stream) after that many responses.
 
     Client overhead: for each response, the time from its arrival (the client stamps ``Chunk.time`` when the
     bytes / the gRPC callback arrive) to the moment this loop asks for the next one, i.e. decoding by the
@@ -326,12 +336,14 @@ def _one_request(settings: BenchSettings, cell: Cell, index: int, prompt: Prompt
         params["draft_source"] = settings.draft_source
     if cell.endpoint == ENSEMBLE and settings.draft_length_policy:
         params["draft_length_policy"] = settings.draft_length_policy
+    params.update(extra or {})
     rec = RequestRecord(cell, index, warmup, prompt, start=time.perf_counter())
     times, tokens = rec.chunk_times, rec.chunk_tokens
     overhead = 0.0
     last_ask = rec.start
+    chunks = _stream(settings, cell, prompt.text, params)
     try:
-        for chunk in _stream(settings, cell, prompt.text, params):
+        for chunk in chunks:
             times.append(chunk.time)
             tokens.append(len(chunk.token_ids))
             if chunk.stats is not None:
@@ -339,10 +351,15 @@ def _one_request(settings: BenchSettings, cell: Cell, index: int, prompt: Prompt
             now = time.perf_counter()
             overhead += now - max(chunk.time, last_ask)
             last_ask = now
+            if leave_after is not None and len(times) >= leave_after:
+                rec.left_early = True
+                break
     except ClientError as e:
         rec.error = str(e) or type(e).__name__
     except Exception as e:  # noqa: BLE001 - a broken connection must not kill the whole run
         rec.error = f"{type(e).__name__}: {e}"
+    finally:
+        chunks.close()  # closes the connection / cancels the stream now, not when garbage-collected
     if rec.error is None and not times:
         rec.error = "the server sent no response"
     rec.client_overhead_s = overhead

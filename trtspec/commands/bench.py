@@ -52,6 +52,21 @@ Examples:
   trtspec bench --prompts my_prompts.jsonl --max-tokens 128 --profile
   trtspec bench --config build_configs/demo.yaml --requests 4   # own server
   trtspec bench --api openai --url localhost:9000                # through the OpenAI API
+
+\b
+Soak (--soak MINUTES): instead of the sweep, --soak-streams clients send
+streamed requests back to back for that long, alternating `ensemble` (k =
+the largest --draft-tokens value) and `baseline`; --soak-disconnect of
+them leave after 1-3 responses and --soak-bad carry a bad value (NaN or
+negative temperature, top_p 2, top_k -1, text that is not UTF-8) that
+must be refused with a named error. It reports completed / errored /
+left / refused requests, the server's count of cancelled requests and of
+tokens generated after a cancellation, E2E p50/p95, the RSS of the
+server's processes after warm-up, at the peak, at the end of the load and
+after --soak-settle seconds, whether the server is still ready, and its
+log's error lines; soak.json in --output. With --config the bench's own
+server is measured; with --url give its processes with --profile-pid.
+  trtspec bench --config build_configs/demo.yaml --soak 10
 """
 
 
@@ -141,6 +156,16 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
               help="Triton's Prometheus endpoint for the counter cross-check [default: port 8002 of the --url "
                    "host; 'none' skips the check].")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for one response.")
+@click.option("--soak", "soak_minutes", type=click.FloatRange(min=0, min_open=True), default=None, metavar="MINUTES",
+              help="Run a soak test for this many minutes instead of the sweep (see above).")
+@click.option("--soak-streams", type=click.IntRange(min=1), default=16, show_default=True,
+              help="With --soak: clients sending at once.")
+@click.option("--soak-disconnect", type=click.FloatRange(0, 1), default=0.2, show_default=True,
+              help="With --soak: share of the requests whose client leaves after 1-3 responses.")
+@click.option("--soak-bad", type=click.FloatRange(0, 1), default=0.05, show_default=True,
+              help="With --soak: share of the requests carrying a bad value.")
+@click.option("--soak-settle", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="With --soak: seconds to keep sampling RSS after the load (is memory returned?).")
 def bench(
     url: str | None,
     protocol: str,
@@ -162,6 +187,11 @@ def bench(
     profile_pids: tuple[int, ...],
     metrics_url: str | None,
     timeout: float,
+    soak_minutes: float | None,
+    soak_streams: int,
+    soak_disconnect: float,
+    soak_bad: float,
+    soak_settle: float,
 ) -> None:
     from trtspec.bench import BenchError, BenchSettings, PromptError, builtin_prompts, load_prompts, parse_kinds
     from trtspec.bench.metrics import MetricsError
@@ -196,12 +226,22 @@ def bench(
         profile_pids=list(profile_pids) or None,
         timeout=timeout,
     )
-    output = output or default_output_dir()
+    run: Any = lambda s, p, out, server=None: bench_and_report(s, p, out)  # noqa: E731
+    if soak_minutes is not None:
+        from trtspec.bench.soak import SoakSettings
+
+        if api != "triton":
+            raise UserError("--soak sends to Triton's endpoints; leave out --api openai")
+        soak = SoakSettings(soak_minutes, soak_streams, soak_disconnect, soak_bad, soak_settle,
+                            grpc_url=settings.url if protocol == "grpc" else None, server_pids=list(profile_pids))
+        settings.profile = False
+        run = lambda s, p, out, **kw: soak_and_report(s, soak, p, out, **kw)  # noqa: E731
+    output = output or default_output_dir("trtspec-soak" if soak_minutes is not None else "trtspec-bench")
     try:
         if config_path is None:
-            bench_and_report(settings, prompts, output)
+            run(settings, prompts, output)
         else:
-            _bench_own_server(config_path, settings, prompts, output)
+            _bench_own_server(config_path, settings, prompts, output, run)
     except (BenchError, MetricsError) as e:
         raise UserError(escape(str(e))) from None
     except KeyboardInterrupt:
@@ -217,7 +257,45 @@ def _default_url(api: str, protocol: str) -> str:
     return "localhost:8001" if protocol == "grpc" else "localhost:8000"
 
 
-def _bench_own_server(config_path: Path, settings: Any, prompts: Sequence[Any], output: Path) -> None:
+def soak_and_report(settings: Any, soak: Any, prompts: Sequence[Any], output: Path,
+                    server: Any = None) -> dict:
+    """Run the soak (against `server` when the bench started it), print the table and the checks, write soak.json."""
+    import json
+
+    from trtspec.bench.soak import check_lines, run_soak, summarize, table
+
+    if server is not None:
+        from trtspec.bench.local import server_pids
+
+        soak.grpc_url = server.endpoints.grpc_address
+        soak.server_pids = server_pids(server)
+        soak.log_file = server.options.log_file
+    status = console.status("soak: warming up...", spinner="dots")
+    status.start()
+
+    def tick(records: list, elapsed: float) -> None:
+        kinds = [r.kind for r in records]
+        status.update(f"soak: {elapsed / 60:.1f}/{soak.minutes:g} min, {len(records)} requests "
+                      f"({kinds.count('disconnect')} left early, {kinds.count('bad')} bad, "
+                      f"{sum(1 for r in records if r.kind != 'bad' and r.record.error)} failed)")
+
+    try:
+        run = run_soak(settings, soak, prompts, tick)
+        status.update(f"soak: load done; sampling RSS for {soak.settle_s:g} s more...")
+    finally:
+        status.stop()
+    summary = summarize(run)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "soak.json").write_text(json.dumps(summary, indent=2))
+    console.print()
+    console.print(table(summary))
+    for line in check_lines(summary):
+        console.print(line, soft_wrap=True)
+    console.print(f"[bold]Results[/]  {escape(str(output / 'soak.json'))}", soft_wrap=True)
+    return summary
+
+
+def _bench_own_server(config_path: Path, settings: Any, prompts: Sequence[Any], output: Path, run: Any) -> None:
     from trtspec.bench.local import check_local, local_deployment, prepare_checkpoints, server_pids
     from trtspec.config import ConfigError, load_config
     from trtspec.demo_pair import DemoPairError
@@ -258,7 +336,7 @@ def _bench_own_server(config_path: Path, settings: Any, prompts: Sequence[Any], 
                         api = stack.enter_context(OpenAIServer(server.options.model_repository, ep.grpc_address,
                                                                host="127.0.0.1", port=0, name=cfg.name))
                         settings.url = api.url.removesuffix("/v1")
-                    bench_and_report(settings, prompts, output)
+                    run(settings, prompts, output, server=server)
             finally:
                 console.print("Stopping Triton...")
     except (ServerError, DemoPairError, RepositoryError, ConfigError, DeploymentError) as e:

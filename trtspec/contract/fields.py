@@ -21,7 +21,8 @@ from trtspec.drafters import SELECTIONS
 DRAFT_LENGTH_POLICIES = ("fixed", "adaptive")
 
 # Triton data types used here -> numpy
-NUMPY = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_, "STRING": np.object_}
+NUMPY = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "FP16": np.float16, "UINT8": np.uint8,
+         "BOOL": np.bool_, "STRING": np.object_}
 
 
 class RequestError(ValueError):
@@ -47,6 +48,15 @@ def _unit_interval(v: float) -> str | None:
     return None if math.isfinite(v) and 0.0 < v <= 1.0 else "must be in (0, 1]"
 
 
+def _finite(v: float) -> str | None:
+    return None if math.isfinite(v) else "must be a finite number"
+
+
+def _only(value: Any, why: str) -> Check:
+    """Accepted at the value that changes nothing; any other value is refused with `why`."""
+    return lambda v: None if v == value else f"can only be {value!r} here ({why})"
+
+
 @dataclass(frozen=True)
 class RequestField:
     name: str  # as clients send it to `ensemble` / `baseline`, and the LoopRequest attribute
@@ -54,9 +64,17 @@ class RequestField:
     doc: str
     dims: tuple[int, ...] = (1,)
     required: bool = False
-    loop_input: str | None = None  # the loop model's input name; None: the preprocessing model consumes it
+    loop_input: str | None = None  # the loop model's input name (a LoopRequest attribute); None: not a loop setting
     check: Check | None = None
     choices: tuple[str, ...] | None = None
+    aliases: tuple[str, ...] = ()  # other names clients send it under (NVIDIA's names before TensorRT-LLM 0.20)
+    engine_input: str | None = None  # the tensorrt_llm input the loop forwards it to on every draft and verify call
+    refuse: str | None = None  # never served: a request carrying it is refused, naming this
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every input name it is declared and read under: its name, the loop's name, the aliases."""
+        return tuple(dict.fromkeys(n for n in (self.name, self.loop_input, *self.aliases) if n))
 
     @property
     def numpy(self) -> type:
@@ -65,9 +83,19 @@ class RequestField:
     def validate(self, value: Any) -> None:
         if value is None:
             return
+        if self.refuse:
+            raise RequestError(f"{self.name}: {self.refuse}: not served by trtspec; leave {self.name} out")
         problem = self.check(value) if self.check else None
         if problem:
             raise RequestError(f"{self.name} {problem}, got {value!r}")
+
+
+def _refused(name: str, dtype: str, what: str, dims: tuple[int, ...] = (1,)) -> RequestField:
+    return RequestField(name, dtype, f"refused: {what}", dims=dims, refuse=what)
+
+
+def _penalty(name: str, engine: str, doc: str, check: Check = _finite) -> RequestField:
+    return RequestField(name, "FP32", doc, loop_input=engine, engine_input=engine, check=check)
 
 
 def _choice(name: str, choices: tuple[str, ...], doc: str) -> RequestField:
@@ -84,16 +112,55 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     _choice("draft_source", tuple(SELECTIONS), "who proposes draft tokens"),
     _choice("draft_length_policy", DRAFT_LENGTH_POLICIES, "fixed k, or adapt k and skip sources that do not pay"),
     RequestField("stream", "BOOL", "stream accepted tokens as they come", loop_input="streaming"),
-    RequestField("temperature", "FP32", "0 or unset: greedy", loop_input="temperature", check=_finite_at_least(0.0)),
-    RequestField("top_k", "INT32", "0: no top-k cut", loop_input="runtime_top_k", check=_at_least(0)),
-    RequestField("top_p", "FP32", "nucleus mass", loop_input="runtime_top_p", check=_unit_interval),
-    RequestField("seed", "UINT64", "sampling seed", loop_input="seed"),
+    RequestField("temperature", "FP32", "0 or unset: greedy", loop_input="temperature", engine_input="temperature",
+                 check=_finite_at_least(0.0)),
+    RequestField("top_k", "INT32", "0: no top-k cut", loop_input="runtime_top_k", engine_input="runtime_top_k",
+                 check=_at_least(0)),
+    RequestField("top_p", "FP32", "nucleus mass", loop_input="runtime_top_p", engine_input="runtime_top_p",
+                 check=_unit_interval),
+    RequestField("seed", "UINT64", "sampling seed", loop_input="seed", aliases=("random_seed",), engine_input="seed"),
+    RequestField("min_tokens", "INT32", "the end token is not generated before this many tokens", loop_input="min_tokens",
+                 aliases=("min_length",), check=_at_least(0)),
+    _penalty("repetition_penalty", "repetition_penalty", "divides the logits of tokens already in the sequence",
+             check=lambda v: None if math.isfinite(v) and v > 0 else "must be a finite number > 0"),
+    _penalty("presence_penalty", "presence_penalty", "subtracted once from tokens already in the sequence"),
+    _penalty("frequency_penalty", "frequency_penalty", "subtracted per occurrence of tokens already in the sequence"),
+    _penalty("length_penalty", "len_penalty", "beam search only: changes nothing at beam width 1"),
+    RequestField("exclude_input_in_output", "BOOL", "false: a non-streamed output starts with the prompt "
+                 "(default: the generated tokens only)", loop_input="exclude_input_in_output"),
+    RequestField("embedding_bias_words", "STRING", "words whose tokens get embedding_bias_weights added to their logits",
+                 dims=(-1,)),
+    RequestField("embedding_bias_weights", "FP32", "one weight per embedding_bias_words entry", dims=(-1,)),
+    RequestField("return_num_input_tokens", "BOOL", "return num_input_tokens (the prompt's tokens)",
+                 loop_input="return_num_input_tokens"),
+    RequestField("return_num_output_tokens", "BOOL", "return num_output_tokens (tokens generated so far)",
+                 loop_input="return_num_output_tokens"),
+    RequestField("beam_width", "INT32", "1 (beam search is not served)", check=_only(1, "beam search is not served")),
+    RequestField("num_return_sequences", "INT32", "1", check=_only(1, "one sequence per request")),
+    RequestField("return_log_probs", "BOOL", "false", check=_only(False, "log probs are not returned by the loop")),
+    RequestField("return_context_logits", "BOOL", "false",
+                 check=_only(False, "logits are not returned with speculative decoding, as in NVIDIA's BLS")),
+    RequestField("return_generation_logits", "BOOL", "false",
+                 check=_only(False, "logits are not returned with speculative decoding, as in NVIDIA's BLS")),
     RequestField("end_id", "INT32", "end token (default: the tokenizer's)"),
     RequestField("pad_id", "INT32", "pad token (default: the tokenizer's)"),
     RequestField("stop_words", "STRING", "stop strings (the output ends with the first one)", dims=(-1,)),
     RequestField("bad_words", "STRING", "strings never generated", dims=(-1,)),
     RequestField("return_perf_metrics", "BOOL", "accepted for NVIDIA's clients; statistics are always returned",
-                 loop_input="return_perf_metrics"),
+                 loop_input="return_perf_metrics", aliases=("return_kv_cache_reuse_stats",)),  # 0.17's name
+    _refused("decoder_text_input", "STRING", "encoder-decoder models"),
+    _refused("prompt_embedding_table", "FP16", "prompt tuning tables", dims=(-1, -1)),
+    _refused("prompt_table_extra_id", "UINT64", "prompt tuning tables"),
+    _refused("prompt_vocab_size", "INT32", "prompt tuning tables"),
+    _refused("lora_task_id", "UINT64", "LoRA adapters"),
+    _refused("lora_weights", "FP16", "LoRA adapters", dims=(-1, -1)),
+    _refused("lora_config", "INT32", "LoRA adapters", dims=(-1, 3)),
+    _refused("guided_decoding_guide_type", "STRING", "guided decoding"),
+    _refused("guided_decoding_guide", "STRING", "guided decoding"),
+    _refused("image_input", "FP16", "image inputs (multimodal models)", dims=(-1, 3, -1, -1)),
+    _refused("image_bytes_input", "UINT8", "image inputs (multimodal models)", dims=(-1, -1, -1, -1)),
+    _refused("image_url_input", "STRING", "image inputs (multimodal models)"),
+    _refused("video_bytes_input", "UINT8", "video inputs (multimodal models)", dims=(-1, -1, -1, -1)),
 )
 
 # What preprocessing makes of the text fields, as the loop model takes it (TensorRT-LLM's tensor names).
@@ -106,12 +173,13 @@ LOOP_TOKEN_INPUTS: tuple[tuple[str, str, tuple[int, ...], bool], ...] = (
     ("pad_id", "INT32", (1,), True),
     ("stop_words_list", "INT32", (2, -1), True),
     ("bad_words_list", "INT32", (2, -1), True),
+    ("embedding_bias", "FP32", (-1,), True),
 )
 
 
 def field_by_name(name: str) -> RequestField:
     for f in REQUEST_FIELDS:
-        if f.name == name:
+        if f.name == name or name in f.aliases:
             return f
     raise KeyError(name)
 

@@ -3,7 +3,7 @@
 One replica is one pod running `trtspec serve` on the built model repository (a Deployment), or, when the
 target spans nodes, one LeaderWorkerSet group whose leader runs `trtspec serve` with MPI ranks on the
 workers. Around it: a Service (HTTP, gRPC, metrics, OpenAI), a HorizontalPodAutoscaler on Triton's queue
-depth of the speculative loop model, a PodMonitor, and the prometheus-adapter rule that turns the metric
+depth of the models requests enter (summed per pod), a PodMonitor, and the prometheus-adapter rule that turns the metric
 into a per-pod custom metric.
 
 Storage: ``pvc`` (default for engines built by TensorRT-LLM and any flavour trtspec does not know to be
@@ -26,7 +26,7 @@ import yaml
 
 from trtspec.config import BuildConfig, EngineKind
 from trtspec.k8s.topology import GPU_PRODUCT_LABEL, GPU_RESOURCE, K8sError, Topology
-from trtspec.repository import LOOP
+from trtspec.repository import ENTRY_MODELS
 from trtspec.server import ServerOptions
 
 # The tag docs/deploy-gpu.md gives the image the repository's Dockerfile builds; push it where nodes pull from.
@@ -47,6 +47,12 @@ SERVE_OPENAI_FLAG = "--openai-port"
 ADAPTER_VALUES = "prometheus-adapter-values.yaml"
 
 Storage = Literal["pvc", "init"]
+
+
+def queue_selector() -> dict[str, Any]:
+    """The queue series the autoscaler watches: those of the models requests enter (the adapter sums them per pod).
+    The loop model alone would miss the text endpoints, which run the loop in-process."""
+    return {"matchExpressions": [{"key": "model", "operator": "In", "values": list(ENTRY_MODELS)}]}
 
 
 @dataclass
@@ -456,7 +462,7 @@ class _Builder:
                     {
                         "type": "Pods",
                         "pods": {
-                            "metric": {"name": QUEUE_METRIC, "selector": {"matchLabels": {"model": LOOP}}},
+                            "metric": {"name": QUEUE_METRIC, "selector": queue_selector()},
                             "target": {"type": "AverageValue", "averageValue": self.opts.target_queue},
                         },
                     }

@@ -30,7 +30,23 @@ class ParsedRequest:
     sampling: dict[str, Any]
 
 
+# request fields the LLM API honours (the others that change the output are refused by name)
+SERVED = {"text_input", "max_tokens", "num_draft_tokens", "use_draft_logits", "draft_source", "draft_length_policy",
+          "stream", "temperature", "top_k", "top_p", "seed", "min_tokens", "end_id", "pad_id", "stop_words",
+          "bad_words", "return_perf_metrics"}
+# accepted at the value that changes nothing (their checks in trtspec.contract refuse any other)
+NEUTRAL = {"beam_width", "num_return_sequences", "return_log_probs", "return_context_logits", "return_generation_logits"}
+
+
 def parse(get: Getter, default_draft_len: int) -> ParsedRequest:
+    for f in REQUEST_FIELDS:  # a field read under an older name (min_length, random_seed) is read as its own
+        sent = [n for n in (f.name, *f.aliases) if get(n) not in (None, "", [])]
+        if sent and f.refuse:
+            f.validate(True)
+        if sent and f.name not in SERVED | NEUTRAL:
+            raise RequestError(f"{sent[0]}: not available with engine: llmapi; leave it out")
+        if sent and sent[0] != f.name:
+            get = (lambda g, alias, name: lambda n: g(alias) if n == name else g(n))(get, sent[0], f.name)
     text = get("text_input")
     if not text or not str(text).strip():
         raise RequestError("text_input is empty")
@@ -55,6 +71,7 @@ def parse(get: Getter, default_draft_len: int) -> ParsedRequest:
         ("top_k", "top_k", int),
         ("top_p", "top_p", float),
         ("seed", "seed", int),
+        ("min_tokens", "min_tokens", int),
         ("end_id", "end_id", int),
         ("pad_id", "pad_id", int),
     ):

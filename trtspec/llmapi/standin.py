@@ -319,6 +319,7 @@ class LLM:
             stop_words=stop,
             bad_words=bad,
             temperature=sp.temperature,
+            min_tokens=sp.min_tokens,
             top_k=sp.top_k,
             top_p=sp.top_p,
             seed=sp.seed,

@@ -168,8 +168,10 @@ def create_app(backend: TritonBackend) -> FastAPI:
             prompt, max_tokens, True, num_draft_tokens=req.num_draft_tokens, use_draft_logits=req.use_draft_logits,
             temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
             stop_words=list(req.stop or []) or None, draft_source=req.draft_source,
-            draft_length_policy=req.draft_length_policy,
+            draft_length_policy=req.draft_length_policy, min_tokens=req.min_tokens,
         )
+        if req.ignore_eos:
+            fields["end_id"] = None
         out = _Output(list(req.stop or []), max_tokens)
         reply = _Reply(chat, req.model, req.return_token_ids)
         del fields["text_input"]

@@ -52,9 +52,12 @@ class _GenerationRequest(BaseModel):
     draft_length_policy: str | None = None
     use_draft_logits: bool | None = None
     top_k: int | None = None
+    # vLLM's and trtllm-serve's extensions: AIPerf and other benchmarks send them for a fixed output length
+    min_tokens: int | None = None
+    ignore_eos: bool = False  # the end token does not end the request (TensorRT-LLM: end_id -1)
     return_token_ids: bool = False  # vLLM's name: each choice also carries the token ids it adds
 
-    @field_validator("temperature", "top_p", "top_k", "num_draft_tokens", "draft_source", "draft_length_policy")
+    @field_validator("temperature", "top_p", "top_k", "min_tokens", "num_draft_tokens", "draft_source", "draft_length_policy")
     @classmethod
     def _request_field(cls, v: Any, info: Any) -> Any:
         """The checks every endpoint applies to these request fields (trtspec.contract)."""

@@ -1,4 +1,7 @@
-"""The speculative loop as a decoupled Python BLS model (the `speculative` and `baseline_loop` models).
+"""The speculative loop as a decoupled Python BLS model: the `speculative` and `baseline_loop` models (token ids in
+and out, or text as NVIDIA's tensorrt_llm_bls takes it) and the text endpoints `ensemble` and `baseline` (text in and
+out: tokenizer + loop + detokenizer in one model, so a client's cancellation reaches the loop; Triton's ensemble
+scheduler does not pass cancellation on to a decoupled step).
 
 It streams accepted tokens as they come, serves many requests at once (each in its own worker thread;
 execute() returns at once), reports the statistics of trtspec.contract in every response and in Prometheus,
@@ -16,6 +19,7 @@ from trtspec import triton_io as io
 from trtspec.contract import REQUEST_FIELDS, RequestError
 from trtspec.loop import Step, EngineCallError, LoopRequest, LoopSettings, SpeculativeLoop
 from trtspec.metrics import PrometheusExporter
+from trtspec.text import TextCodec
 
 SETTINGS_PARAMETER = "loop_settings"  # the one model parameter: LoopSettings as JSON
 PREFIX_WINDOW = 8  # generated tokens sent back as prefix_ids: enough context for detokenizing a chunk
@@ -43,33 +47,35 @@ def engine_call(pb_utils: Any):
     return call
 
 
-def loop_request(
-    prompt: list[int], max_tokens: int, end_id: int | None, pad_id: int | None, fields: Mapping[str, Any], **words: Any
-) -> LoopRequest:
-    """A LoopRequest from what an endpoint read: `fields` are request fields by their contract name (None or ""
-    means unset); an end or pad id of -1 means unset (preprocessing sends -1 for "none")."""
-    return LoopRequest(
-        prompt=prompt,
-        max_tokens=max_tokens,
-        end_id=None if end_id is None or end_id < 0 else end_id,
-        pad_id=None if pad_id is None or pad_id < 0 else pad_id,
-        **words,
-        **{k: v for k, v in fields.items() if v is not None and v != ""},
-    )
+def read_fields(pb_utils: Any, request: Any) -> dict[str, Any]:
+    """Every request field the request carries, by its contract name, read under any of its names (trtspec.contract:
+    `top_k` or `runtime_top_k`, `min_tokens` or `min_length`), checked; "" counts as unset. A field sent under two
+    names, a refused field, or a bad value is a RequestError naming it."""
+    out: dict[str, Any] = {}
+    for f in REQUEST_FIELDS:
+        sent = [n for n in f.names if io.tensor(pb_utils, request, n) is not None]
+        if not sent:
+            continue
+        if len(sent) > 1:
+            raise RequestError(f"{f.name} was sent as both {sent[0]} and {sent[1]}; send one")
+        if f.refuse:
+            f.validate(True)  # raises, naming the field
+        name = sent[0]
+        if f.dims != (1,):
+            a = io.tensor(pb_utils, request, name)
+            value: Any = io.strings(pb_utils, request, name) if f.dtype == "STRING" else a.reshape(-1).tolist()
+        else:
+            value = io.scalar(pb_utils, request, name)
+            if value == "":
+                continue
+            f.validate(value)
+        out[f.name] = value
+    return out
 
 
-def parse_request(pb_utils: Any, request: Any) -> LoopRequest:
-    get = lambda name, default=None: io.scalar(pb_utils, request, name, default)  # noqa: E731
-    prompt = io.ids(pb_utils, request, "input_ids") or []
-    return loop_request(
-        prompt[: int(get("input_lengths", len(prompt)))],
-        int(get("request_output_len", 0)),
-        get("end_id"),
-        get("pad_id"),
-        {f.name: get(f.loop_input) for f in REQUEST_FIELDS if f.loop_input is not None},
-        stop_words=io.words_list(io.tensor(pb_utils, request, "stop_words_list")),
-        bad_words=io.words_list(io.tensor(pb_utils, request, "bad_words_list")),
-    )
+def _id(value: Any) -> int | None:
+    """An end or pad id; -1 means unset (NVIDIA's preprocessing sends -1 for "none")."""
+    return None if value is None or int(value) < 0 else int(value)
 
 
 def response_tensors(tokens: list[int], before: list[int], chunk: Step) -> dict[str, np.ndarray]:
@@ -83,10 +89,18 @@ def response_tensors(tokens: list[int], before: list[int], chunk: Step) -> dict[
 
 
 class LoopModel:
+    """Text in and text out (`text_input`, NVIDIA's ensemble and tensorrt_llm_bls interface; tokenized in-process
+    with trtspec.text) or token ids in and out (`input_ids`, TensorRT-LLM's tensor names), per request."""
+
     def __init__(self, pb_utils: Any, args: Mapping[str, Any]):
         self.pb = pb_utils
         params = io.model_parameters(args)
         self.settings = LoopSettings.model_validate_json(params[SETTINGS_PARAMETER])
+        self.codec = TextCodec(
+            params["tokenizer_dir"],
+            add_special_tokens=params.get("add_special_tokens", "false").lower() == "true",
+            skip_special_tokens=params.get("skip_special_tokens", "true").lower() == "true",
+        )
         self.loop = SpeculativeLoop(self.settings, engine_call(pb_utils))
         self.name = args["model_name"]
         self.metrics = PrometheusExporter(pb_utils, self.name)
@@ -100,14 +114,46 @@ class LoopModel:
     def finalize(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
-    def parse(self, request: Any) -> LoopRequest:
-        return parse_request(self.pb, request)
+    def parse(self, request: Any) -> tuple[LoopRequest, bool]:
+        """(the request, whether it came as text and is answered with text_output)."""
+        fields = read_fields(self.pb, request)
+        loop_fields = {f.name: fields[f.name] for f in REQUEST_FIELDS if f.loop_input is not None and f.name in fields}
+        if io.tensor(self.pb, request, "text_input") is not None:
+            words = {n: self.codec.encode_words(fields.get(n, []), n) for n in ("stop_words", "bad_words")}
+            bias = self.codec.embedding_bias(fields.get("embedding_bias_words", []), fields.get("embedding_bias_weights", []))
+            prompt = self.codec.encode_prompt(fields.get("text_input"))
+            end_id, pad_id = fields.get("end_id", self.codec.end_id), fields.get("pad_id", self.codec.pad_id)
+            max_tokens, text = fields.get("max_tokens"), True
+        else:
+            ids = io.ids(self.pb, request, "input_ids")
+            if ids is None:
+                raise RequestError("send text_input (text) or input_ids (token ids)")
+            prompt = ids[: int(io.scalar(self.pb, request, "input_lengths", len(ids)))]
+            words = {n: io.words_list(io.tensor(self.pb, request, f"{n}_list")) for n in ("stop_words", "bad_words")}
+            bias = io.tensor(self.pb, request, "embedding_bias")
+            bias = None if bias is None or bias.size == 0 else bias.reshape(-1).astype(np.float32)
+            end_id, pad_id = fields.get("end_id"), fields.get("pad_id")
+            max_tokens, text = io.scalar(self.pb, request, "request_output_len", fields.get("max_tokens")), False
+        if max_tokens is None:
+            raise RequestError("max_tokens (or request_output_len) is required")
+        req = LoopRequest(prompt=prompt, max_tokens=int(max_tokens), end_id=_id(end_id), pad_id=_id(pad_id),
+                          embedding_bias=bias, **words, **loop_fields)
+        return req, text
 
-    def response_tensors(self, tokens: list[int], before: list[int], chunk: Step) -> dict[str, np.ndarray]:
-        return response_tensors(tokens, before, chunk)
+    def response_tensors(self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step) -> dict[str, np.ndarray]:
+        out = response_tensors(tokens, before, chunk)
+        if req.return_num_input_tokens:
+            out["num_input_tokens"] = np.array([[len(req.prompt)]], dtype=np.int32)
+        if req.return_num_output_tokens:
+            out["num_output_tokens"] = np.array([[len(chunk.generated_before) + len(chunk.new_tokens)]], dtype=np.int32)
+        if text:
+            del out["prefix_ids"]
+            decoded = self.codec.decode_chunk(before[-PREFIX_WINDOW:], tokens)
+            out["text_output"] = np.array([[decoded.encode("utf-8")]], dtype=np.object_)
+        return out
 
-    def _response(self, tokens: list[int], before: list[int], chunk: Step) -> Any:
-        tensors = self.response_tensors(tokens, before, chunk)
+    def _response(self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step) -> Any:
+        tensors = self.response_tensors(req, text, tokens, before, chunk)
         return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in tensors.items()])
 
     def _error(self, message: str) -> Any:
@@ -117,7 +163,7 @@ class LoopModel:
         final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         sender = request.get_response_sender()
         try:
-            req = self.parse(request)
+            req, text = self.parse(request)
             last, cancelled = None, False
             for chunk in self.loop.run(req):
                 last = chunk
@@ -126,7 +172,7 @@ class LoopModel:
                 if chunk.final or cancelled:
                     break
                 if req.stream:
-                    sender.send(self._response(chunk.new_tokens, chunk.generated_before, chunk))
+                    sender.send(self._response(req, text, chunk.new_tokens, chunk.generated_before, chunk))
             if last is None:
                 raise EngineCallError("the loop produced no output")
             generated = last.generated_before + last.new_tokens
@@ -137,10 +183,12 @@ class LoopModel:
                 sender.send(flags=final)
             elif req.stream:
                 self.metrics.record(last.stats, len(generated))
-                sender.send(self._response(last.new_tokens, last.generated_before, last), flags=final)
+                sender.send(self._response(req, text, last.new_tokens, last.generated_before, last), flags=final)
             else:
                 self.metrics.record(last.stats, len(generated))
-                sender.send(self._response(generated, [], last), flags=final)
+                # TensorRT-LLM's exclude_input_in_output=false: a non-streamed output starts with the prompt
+                whole = req.prompt + generated if req.exclude_input_in_output is False else generated
+                sender.send(self._response(req, text, whole, [], last), flags=final)
         except RequestError as e:
             sender.send(self.pb.InferenceResponse(error=io.bad_request(self.pb, e)), flags=final)
         except Exception as e:  # engine failure: report it, keep serving

@@ -1,5 +1,5 @@
-"""The speculative loop model (`speculative`, and `baseline_loop` with drafting off): an adapter.
-The logic is trtspec.triton.loop_model.LoopModel."""
+"""The loop models (`speculative`, `baseline_loop`) and the text endpoints (`ensemble`, `baseline`): an adapter.
+The logic is trtspec.triton.loop_model.LoopModel (token ids, or text as NVIDIA's ensemble and tensorrt_llm_bls take it)."""
 
 import triton_python_backend_utils as pb_utils
 

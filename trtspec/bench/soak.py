@@ -1,0 +1,435 @@
+"""`trtspec bench --soak MINUTES`: a deployment under a steady, hostile-but-honest load for a set time.
+
+N client threads (streams) send streamed requests back to back, alternating ``ensemble`` and ``baseline``,
+through the bench's own request code (``runner._one_request``). A share of the clients leave after a response or
+three (the HTTP connection closed, the gRPC stream cancelled), and a share of the requests carry a bad value that
+must be refused with a named error. Around the load it reads the loop's Prometheus counters (requests, cancelled
+requests, tokens generated after a cancellation), samples the RSS of the server's processes, and after the load it
+keeps sampling for a settle period (memory returned after the burst), checks the server is still ready and
+collects the error lines of the server's log.
+
+The figures are computed by ``summarize`` from plain data, so the arithmetic is testable without a server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from trtspec.bench import stats as st
+from trtspec.bench.metrics import LOOP_MODEL, MetricsError, Sample, scrape
+from trtspec.bench.prompts import Prompt
+from trtspec.bench.runner import BASELINE, ENSEMBLE, BenchError, BenchSettings, Cell, RequestRecord, _one_request, check_deployment
+from trtspec.metrics import AFTER_CANCEL_COUNTER, CANCELLED_COUNTER, EMITTED_COUNTER, REQUESTS_COUNTER
+from trtspec.profiling.sampler import process_name, process_tree, read_proc_stat
+
+SCHEMA = "trtspec-soak/1"
+COUNTERS = (REQUESTS_COUNTER, EMITTED_COUNTER, CANCELLED_COUNTER, AFTER_CANCEL_COUNTER)
+RSS_TOLERANCE = 0.10  # RSS after the settle period within 10% of RSS after warm-up
+
+
+@dataclass(frozen=True)
+class BadRequest:
+    name: str
+    fields: dict[str, Any]
+    expect: str  # a substring of the named error the server must answer with
+    grpc_only: bool = False  # a value JSON cannot carry to the endpoint (NaN, bytes that are not UTF-8)
+
+
+BAD_REQUESTS = (
+    BadRequest("temperature NaN", {"temperature": math.nan}, "temperature must be a finite number", grpc_only=True),
+    BadRequest("temperature -1", {"temperature": -1.0}, "temperature must be a finite number >= 0"),
+    BadRequest("top_p 2", {"top_p": 2.0}, "top_p must be in (0, 1]"),
+    BadRequest("top_k -1", {"top_k": -1}, "top_k must be >= 0"),
+    BadRequest("text_input not UTF-8", {"text_input": b"caf\xe9 au lait"}, "text_input is not valid UTF-8", grpc_only=True),
+)
+
+
+@dataclass
+class SoakSettings:
+    minutes: float
+    streams: int = 16
+    disconnect_share: float = 0.2
+    bad_share: float = 0.05
+    settle_s: float = 60.0  # keep sampling RSS this long after the load
+    rss_interval_s: float = 2.0
+    grpc_url: str | None = None  # where the bad requests JSON cannot carry go; None: only the others are sent
+    server_pids: Sequence[int] = ()  # the server's processes (their descendants are found each sample)
+    log_file: Path | None = None
+    seed: int = 0
+
+    def validate(self) -> None:
+        if not self.minutes > 0:
+            raise BenchError(f"--soak: minutes must be > 0, got {self.minutes}")
+        if self.streams < 1:
+            raise BenchError(f"--soak-streams must be >= 1, got {self.streams}")
+        for name, v in (("--soak-disconnect", self.disconnect_share), ("--soak-bad", self.bad_share)):
+            if not 0 <= v <= 1:
+                raise BenchError(f"{name} is a share of the requests, within [0, 1]; got {v}")
+        if self.disconnect_share + self.bad_share > 1:
+            raise BenchError("--soak-disconnect + --soak-bad must not exceed 1")
+        if self.settle_s < 0:
+            raise BenchError(f"--soak-settle must be >= 0 seconds, got {self.settle_s}")
+
+    def bad_requests(self, protocol: str) -> list[BadRequest]:
+        grpc = self.grpc_url is not None or protocol == "grpc"
+        return [b for b in BAD_REQUESTS if grpc or not b.grpc_only]
+
+
+@dataclass
+class SoakRecord:
+    kind: str  # normal | disconnect | bad
+    record: RequestRecord
+    bad: BadRequest | None = None
+
+
+# ------------------------------------------------------------------------------------------------ RSS
+
+
+@dataclass
+class RssSample:
+    t: float  # seconds since the load started (negative: before)
+    total: int
+    by_process: dict[str, int]
+
+
+def sample_rss(pids: Sequence[int]) -> tuple[int, dict[str, int]]:
+    """Summed RSS of the processes and their descendants (from /proc), and per process (by telling name)."""
+    by: dict[str, int] = {}
+    for pid in process_tree(pids):
+        s = read_proc_stat(pid)
+        if s is not None:
+            name = f"{process_name(pid) or s.comm}"
+            by[name] = by.get(name, 0) + s.rss_bytes
+    return sum(by.values()), by
+
+
+class RssSampler:
+    def __init__(self, pids: Sequence[int], interval_s: float, t0: float) -> None:
+        self.pids, self.interval_s, self.t0 = list(pids), interval_s, t0
+        self.samples: list[RssSample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="soak-rss")
+
+    def take(self) -> None:
+        if self.pids:
+            total, by = sample_rss(self.pids)
+            self.samples.append(RssSample(time.perf_counter() - self.t0, total, by))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.take()
+
+    def start(self) -> "RssSampler":
+        self.take()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.take()
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+
+@dataclass
+class SoakRun:
+    settings: SoakSettings
+    bench: BenchSettings
+    records: list[SoakRecord]
+    load_s: float  # from the first request to the last response
+    counters_before: dict[Sample, float] | None
+    counters_after: dict[Sample, float] | None
+    rss: list[RssSample]
+    load_end_t: float
+    ready_after: bool
+    log_errors: list[str] = field(default_factory=list)
+    num_draft_tokens: int = 0
+
+
+def _ready(bench: BenchSettings) -> bool:
+    try:
+        check_deployment(bench, [ENSEMBLE, BASELINE])
+        return True
+    except BenchError:
+        return False
+
+
+def _log_size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path else 0
+    except OSError:
+        return 0
+
+
+def log_error_lines(text: str) -> list[str]:
+    """Error lines of a Triton log: glog's E-lines (E1123 04:50:00.123 ...) and Python tracebacks' last lines."""
+    out = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        s = line.strip()
+        if len(s) > 5 and s[0] == "E" and s[1:5].isdigit():
+            out.append(s)
+        elif s.startswith("Traceback (most recent call last)"):
+            tail = next((x.strip() for x in lines[i + 1 :] if x and not x.startswith((" ", "\t"))), s)
+            out.append(tail)
+    return out
+
+
+def run_soak(
+    bench: BenchSettings,
+    soak: SoakSettings,
+    prompts: Sequence[Prompt],
+    on_tick: Callable[[list[SoakRecord], float], None] | None = None,
+) -> SoakRun:
+    bench.validate()
+    soak.validate()
+    if not prompts:
+        raise BenchError("no prompt to send")
+    check_deployment(bench, [ENSEMBLE, BASELINE])
+    k = max((k for k in bench.draft_tokens if k > 0), default=0)
+    cells = [Cell(soak.streams, k, ENSEMBLE), Cell(soak.streams, 0, BASELINE)]
+    bad_settings = bench if soak.grpc_url is None else dataclasses.replace(bench, protocol="grpc", url=soak.grpc_url)
+    bad_set = soak.bad_requests(bench.protocol)
+    for cell in cells:  # warm-up: not counted, not sampled
+        rec = _one_request(bench, cell, -1, prompts[0], True)
+        if rec.error:
+            raise BenchError(f"the warm-up request to {cell.endpoint} failed: {rec.error}")
+    metrics_url = bench.resolved_metrics_url
+    before = _scrape(metrics_url)
+    log_offset = _log_size(soak.log_file)
+    t0 = time.perf_counter()
+    sampler = RssSampler(soak.server_pids, soak.rss_interval_s, t0).start()
+    deadline = t0 + soak.minutes * 60
+    lock = threading.Lock()
+    records: list[SoakRecord] = []
+    counter = iter(range(10**9))
+    stop = threading.Event()
+
+    def worker(i: int) -> None:
+        rng = random.Random(soak.seed * 1000 + i)
+        n = 0
+        while not stop.is_set() and time.perf_counter() < deadline:
+            with lock:
+                index = next(counter)
+            cell = cells[(i + n) % 2]
+            n += 1
+            prompt = prompts[index % len(prompts)]
+            roll = rng.random()
+            if bad_set and roll < soak.bad_share:
+                bad = rng.choice(bad_set)
+                s = bad_settings if bad.grpc_only else bench
+                out = SoakRecord("bad", _one_request(s, cell, index, prompt, False, extra=bad.fields), bad)
+            elif roll < soak.bad_share + soak.disconnect_share:
+                out = SoakRecord("disconnect", _one_request(bench, cell, index, prompt, False, leave_after=rng.randint(1, 3)))
+            else:
+                out = SoakRecord("normal", _one_request(bench, cell, index, prompt, False))
+            with lock:
+                records.append(out)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True, name=f"soak-{i}") for i in range(soak.streams)]
+    for t in threads:
+        t.start()
+    try:
+        while any(t.is_alive() for t in threads):
+            time.sleep(1.0)
+            if on_tick is not None:
+                with lock:
+                    snapshot = list(records)
+                on_tick(snapshot, time.perf_counter() - t0)
+    except KeyboardInterrupt:
+        stop.set()
+        raise
+    load_end = time.perf_counter() - t0
+    time.sleep(3.0)  # a cancelled request is counted when its loop notices, within one iteration
+    after = _scrape(metrics_url)
+    time.sleep(soak.settle_s)
+    sampler.stop()
+    log_errors: list[str] = []
+    if soak.log_file is not None and soak.log_file.exists():
+        with soak.log_file.open("rb") as f:
+            f.seek(log_offset)
+            log_errors = log_error_lines(f.read().decode("utf-8", errors="replace"))
+    records.sort(key=lambda r: r.record.index)
+    return SoakRun(soak, bench, records, load_end, before, after, sampler.samples, load_end, _ready(bench),
+                   log_errors, k)
+
+
+def _scrape(url: str | None) -> dict[Sample, float] | None:
+    if not url:
+        return None
+    try:
+        return scrape(url)
+    except MetricsError:
+        return None
+
+
+# ------------------------------------------------------------------------------------------------ figures
+
+
+def counter(samples: dict[Sample, float], name: str, model: str) -> float:
+    return sum(v for (n, labels), v in samples.items() if n == name and ("model", model) in labels)
+
+
+def _rss_summary(rss: Sequence[RssSample], load_end_t: float) -> dict[str, Any]:
+    if not rss:
+        return {"num_samples": 0}
+    start, end = rss[0], rss[-1]
+    during = [s for s in rss if s.t <= load_end_t] or [start]
+    peak = max(rss, key=lambda s: s.total)
+    end_of_load = during[-1]
+    return {
+        "num_samples": len(rss),
+        "start_bytes": start.total,
+        "peak_bytes": peak.total,
+        "peak_t_s": peak.t,
+        "end_of_load_bytes": end_of_load.total,
+        "end_bytes": end.total,
+        "end_t_s": end.t,
+        "end_vs_start": end.total / start.total - 1 if start.total else None,
+        "by_process": {name: {"start": start.by_process.get(name), "peak": peak.by_process.get(name),
+                              "end": end.by_process.get(name)}
+                       for name in sorted(set(start.by_process) | set(end.by_process))},
+        "timeline": [[round(s.t, 1), s.total] for s in rss],
+    }
+
+
+def summarize(run: SoakRun) -> dict[str, Any]:
+    """Every figure of the soak as plain data (soak.json)."""
+    recs = run.records
+    normal = [r.record for r in recs if r.kind == "normal"]
+    left = [r.record for r in recs if r.kind == "disconnect" and r.record.left_early and not r.record.error]
+    bad = [r for r in recs if r.kind == "bad"]
+    refused = [bool(r.record.error and r.bad and r.bad.expect in r.record.error) for r in bad]
+    unexpected_bad = [{"request": r.bad.name if r.bad else "?", "got": r.record.error or "accepted"}
+                      for r, ok in zip(bad, refused) if not ok]
+    errored = [r.record for r in recs if r.kind != "bad" and r.record.error]
+    completed = [r for r in normal if not r.error] + [
+        r.record for r in recs if r.kind == "disconnect" and not r.record.left_early and not r.record.error]
+    server: dict[str, Any] = {}
+    if run.counters_before is not None and run.counters_after is not None:
+        for endpoint in (ENSEMBLE, BASELINE):
+            model = LOOP_MODEL[endpoint]
+            server[endpoint] = {
+                name: counter(run.counters_after, name, model) - counter(run.counters_before, name, model)
+                for name in COUNTERS
+            }
+    cancelled = sum(m[CANCELLED_COUNTER] for m in server.values()) if server else None
+    after_cancel = sum(m[AFTER_CANCEL_COUNTER] for m in server.values()) if server else None
+    iteration_tokens = {ENSEMBLE: run.num_draft_tokens + 1, BASELINE: 1}  # the most one target call adds
+    per_disconnect = {
+        e: {"cancelled": m[CANCELLED_COUNTER], "tokens_after_cancel": m[AFTER_CANCEL_COUNTER],
+            "per_cancel": m[AFTER_CANCEL_COUNTER] / m[CANCELLED_COUNTER] if m[CANCELLED_COUNTER] else None,
+            "one_iteration": iteration_tokens[e]}
+        for e, m in server.items()
+    }
+    rss = _rss_summary(run.rss, run.load_end_t)
+    checks = {
+        "no_errors": not errored,
+        "bad_requests_refused_by_name": not unexpected_bad,
+        "server_ready_after": run.ready_after,
+        "tokens_after_cancel_within_one_iteration": all(
+            d["per_cancel"] is None or d["per_cancel"] <= d["one_iteration"] for d in per_disconnect.values()
+        ) if per_disconnect else None,
+        "rss_end_within_10pct_of_start": (abs(rss["end_vs_start"]) <= RSS_TOLERANCE
+                                          if rss.get("end_vs_start") is not None else None),
+    }
+    s, b = run.settings, run.bench
+    return {
+        "schema": SCHEMA,
+        "settings": {"minutes": s.minutes, "streams": s.streams, "disconnect_share": s.disconnect_share,
+                     "bad_share": s.bad_share, "settle_s": s.settle_s, "protocol": b.protocol, "url": b.url,
+                     "max_tokens": b.max_tokens, "num_draft_tokens": run.num_draft_tokens,
+                     "bad_requests": [x.name for x in s.bad_requests(b.protocol)]},
+        "load_s": run.load_s,
+        "requests": {
+            "sent": len(recs),
+            "completed": len(completed),
+            "errored": len(errored),
+            "left_early": len(left),
+            "injected_bad": len(bad),
+            "bad_refused_by_name": sum(refused),
+        },
+        "errors": sorted({r.error for r in errored if r.error})[:20],
+        "unexpected_bad": unexpected_bad[:20],
+        "output_tokens": sum(r.output_tokens for r in completed),
+        "latency_s": {"e2e": st.describe(r.e2e_s for r in completed) | {"p95": st.percentile([r.e2e_s for r in completed], 95)},
+                      "ttft": st.describe(t for r in completed if (t := r.ttft_s) is not None)},
+        "server": {"counters": server, "cancelled": cancelled, "tokens_after_cancel": after_cancel,
+                   "per_endpoint": per_disconnect},
+        "rss": rss,
+        "server_ready_after": run.ready_after,
+        "log_errors": {"count": len(run.log_errors), "lines": run.log_errors[:20]},
+        "checks": checks,
+    }
+
+
+def _mb(v: int | None) -> str:
+    return "-" if v is None else f"{v / 1e6:,.0f} MB"
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} s"
+
+
+def table(summary: dict[str, Any]) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    cfg, req, srv, rss = summary["settings"], summary["requests"], summary["server"], summary["rss"]
+    t = Table(title=f"trtspec soak: {cfg['minutes']:g} min, {cfg['streams']} streams ({cfg['protocol']}, "
+                    f"max_tokens {cfg['max_tokens']}, k={cfg['num_draft_tokens']}), "
+                    f"{cfg['disconnect_share']:.0%} leave early, {cfg['bad_share']:.0%} bad",
+              title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    e2e = summary["latency_s"]["e2e"]
+    rows = [
+        ("requests sent", str(req["sent"])),
+        ("completed", str(req["completed"])),
+        ("errored (not injected)", f"[red]{req['errored']}[/]" if req["errored"] else "0"),
+        ("clients that left early", str(req["left_early"])),
+        ("injected bad / refused by name", f"{req['injected_bad']} / {req['bad_refused_by_name']}"),
+        ("cancelled (server counter)", "-" if srv["cancelled"] is None else f"{srv['cancelled']:.0f}"),
+        ("tokens generated after cancel", "-" if srv["tokens_after_cancel"] is None else f"{srv['tokens_after_cancel']:.0f}"),
+    ]
+    for e, d in srv["per_endpoint"].items():
+        per = "-" if d["per_cancel"] is None else f"{d['per_cancel']:.2f}"
+        rows.append((f"  {e}: per cancel (one iteration)", f"{per} ({d['one_iteration']})"))
+    rows += [
+        ("output tokens (completed)", str(summary["output_tokens"])),
+        ("E2E p50 / p95", f"{_s(e2e['p50'])} / {_s(e2e['p95'])}"),
+        ("TTFT p50", _s(summary["latency_s"]["ttft"]["p50"])),
+        ("RSS after warm-up", _mb(rss.get("start_bytes"))),
+        ("RSS peak", _mb(rss.get("peak_bytes"))),
+        ("RSS end of load", _mb(rss.get("end_of_load_bytes"))),
+        (f"RSS after settle ({summary['settings']['settle_s']:g} s)", _mb(rss.get("end_bytes"))
+         + ("" if rss.get("end_vs_start") is None else f" ({rss['end_vs_start']:+.1%})")),
+        ("server ready after", "yes" if summary["server_ready_after"] else "[red]NO[/]"),
+        ("server log error lines", str(summary["log_errors"]["count"])),
+    ]
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def check_lines(summary: dict[str, Any]) -> list[str]:
+    out = []
+    for name, ok in summary["checks"].items():
+        mark = "[green]ok[/]" if ok else ("[yellow]n/a[/]" if ok is None else "[red]FAILED[/]")
+        out.append(f"{mark}  {name.replace('_', ' ')}")
+    for e in summary["errors"][:3]:
+        out.append(f"[red]error[/]: {e}")
+    for u in summary["unexpected_bad"][:3]:
+        out.append(f"[red]bad request not refused by name[/]: {u['request']}: {u['got']}")
+    for line in summary["log_errors"]["lines"][:5]:
+        out.append(f"[yellow]log[/]: {line}")
+    return out
