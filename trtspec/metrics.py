@@ -116,6 +116,12 @@ class SpecStats:
         return out
 
 
+# Every custom-metric call of a model process goes through this lock: the Python backend of tritonserver 2.51
+# crashes (SIGSEGV in ModelInstanceState::ProcessMetricRequest) when one process has metric messages in flight
+# from several threads at once.
+TRITON_METRICS_LOCK = threading.RLock()
+
+
 class PrometheusExporter:
     """The loop's counters as Triton custom metrics, named after vLLM's spec_decode_* series.
 
@@ -125,7 +131,7 @@ class PrometheusExporter:
 
     def __init__(self, pb_utils: Any, model_name: str):
         self._labels = {"model": model_name}
-        self._lock = threading.Lock()
+        self._lock = TRITON_METRICS_LOCK
         self._families: dict[str, Any] = {}  # kept alive: Triton drops a family's metrics once it is collected
         self._metrics: dict[tuple, Any] = {}
         kind = pb_utils.MetricFamily.COUNTER
@@ -150,22 +156,24 @@ class PrometheusExporter:
 
     def record_cancelled(self, tokens_after_cancel: int) -> None:
         """A request whose client cancelled; `tokens_after_cancel` were generated for it and never sent."""
-        self._metric(CANCELLED_COUNTER).increment(1)
-        self._metric(AFTER_CANCEL_COUNTER).increment(tokens_after_cancel)
+        with self._lock:
+            self._metric(CANCELLED_COUNTER).increment(1)
+            self._metric(AFTER_CANCEL_COUNTER).increment(tokens_after_cancel)
 
     def record(self, stats: SpecStats, emitted: int) -> None:
-        self._metric(REQUESTS_COUNTER).increment(1)
-        self._metric(EMITTED_COUNTER).increment(emitted)
-        for s in RESPONSE_STATS:
-            if s.counter is None:
-                continue
-            value = getattr(stats, s.name)
-            if not s.vector:
-                self._metric(s.counter).increment(value)
-                continue
-            keys = list(SOURCES) if s.label == "source" else [str(i) for i in range(len(value))]
-            for key, n in zip(keys, value):
-                self._metric(s.counter, **{s.label: key}).increment(n)
+        with self._lock:
+            self._metric(REQUESTS_COUNTER).increment(1)
+            self._metric(EMITTED_COUNTER).increment(emitted)
+            for s in RESPONSE_STATS:
+                if s.counter is None:
+                    continue
+                value = getattr(stats, s.name)
+                if not s.vector:
+                    self._metric(s.counter).increment(value)
+                    continue
+                keys = list(SOURCES) if s.label == "source" else [str(i) for i in range(len(value))]
+                for key, n in zip(keys, value):
+                    self._metric(s.counter, **{s.label: key}).increment(n)
 
 
 ENGINE_REQUESTS_GAUGE = "trtspec_engine_requests"
@@ -196,7 +204,8 @@ class EngineGauges:
 
     def update(self, stats: Any) -> None:
         """`stats`: a trtspec.batching.SchedulerStats."""
-        self._active.set(stats.active)
-        self._queued.set(stats.queued)
-        self._tokens.set(stats.last_step_tokens)
-        self._kv.set(stats.kv_bytes)
+        with TRITON_METRICS_LOCK:
+            self._active.set(stats.active)
+            self._queued.set(stats.queued)
+            self._tokens.set(stats.last_step_tokens)
+            self._kv.set(stats.kv_bytes)
