@@ -1,6 +1,8 @@
 """Through a real Triton: the reference engine's `tensorrt_llm` model takes every input NVIDIA's declares,
 serves the ones it implements and refuses each one it cannot honour by name, and stays ready."""
 
+import time
+
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -135,7 +137,13 @@ def test_concurrent_requests_share_steps_and_queue_beyond_max_batch_size(client,
     overlapping = sum(1 for a, b in zip(spans, spans[1:]) if b[0] < a[1])
     assert overlapping >= 1, f"no two requests ran in the same steps: {spans}"
     assert client.is_server_ready()
-    samples = scrape(endpoints.metrics)  # the batcher's gauges: drained now, and it has stepped
+    # the batcher's gauges: drained now, and it has stepped (the last update follows the last answer closely)
+    deadline = time.monotonic() + 5
+    while True:
+        samples = scrape(endpoints.metrics)
+        if value(samples, ENGINE_REQUESTS_GAUGE, model="tensorrt_llm", state="active") == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert value(samples, ENGINE_STEP_TOKENS_GAUGE, model="tensorrt_llm") > 0
     assert value(samples, ENGINE_REQUESTS_GAUGE, model="tensorrt_llm", state="active") == 0
     assert value(samples, ENGINE_REQUESTS_GAUGE, model="tensorrt_llm", state="queued") == 0

@@ -10,6 +10,7 @@ exporter sums the same statistics into the counters named in that table. Like vL
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -201,9 +202,18 @@ class EngineGauges:
         self._queued = self._families[ENGINE_REQUESTS_GAUGE].Metric(dict(labels, state="queued"))
         self._tokens = self._families[ENGINE_STEP_TOKENS_GAUGE].Metric(labels)
         self._kv = self._families[ENGINE_KV_BYTES_GAUGE].Metric(labels)
+        self._sent_at = 0.0
+
+    MIN_INTERVAL_S = 0.25  # each gauge update is a round trip to the server: not at every step
 
     def update(self, stats: Any) -> None:
-        """`stats`: a trtspec.batching.SchedulerStats."""
+        """`stats`: a trtspec.batching.SchedulerStats. Called after every step; sent at most every
+        MIN_INTERVAL_S, and always when the engine has drained (so an idle engine never shows stale load)."""
+        now = time.monotonic()
+        idle = stats.active == 0 and stats.queued == 0
+        if not idle and now - self._sent_at < self.MIN_INTERVAL_S:
+            return
+        self._sent_at = now
         with TRITON_METRICS_LOCK:
             self._active.set(stats.active)
             self._queued.set(stats.queued)

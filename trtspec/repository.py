@@ -207,8 +207,8 @@ def _engine_config(
     config.instance_group[0].count = model.instance_count
     if cfg.engine is EngineKind.reference:
         config.backend = "python"
-        # dynamic batching: the requests that arrive while a batch runs form the next one (trtspec.batching
-        # steps each batch's requests together)
+        # dynamic batching hands execute() what arrived together; execute() only queues it for trtspec.batching,
+        # whose scheduler steps every request in flight together
         config.ClearField("parameters")
         _set_params(
             config,

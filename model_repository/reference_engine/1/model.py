@@ -19,11 +19,10 @@ from trtspec.reference_engine import ReferenceEngine, RequestTensorError, reques
 
 
 class TritonPythonModel:
-    """Not decoupled (one response per request, like tensorrt_llm with decoupled_mode false). Triton's dynamic
-    batcher hands execute() every request that arrived while the previous execute() ran (up to max_batch_size);
-    all of them go to the engine's scheduler at once and share its forward steps. Responses and metrics leave
-    from this thread only: sending them from the scheduler thread (response sender, gauges per step) crashed
-    the bundled tritonserver 2.51 under concurrent BLS load."""
+    """Not decoupled (one response per request, like tensorrt_llm with decoupled_mode false), but execute()
+    does not wait: it hands each request to the engine's scheduler and returns, and the scheduler thread
+    answers through the request's response sender (one response, FINAL flag) as soon as that request is done.
+    So a request joins the running batch at the next step, whoever sent it, as on TensorRT-LLM's executor."""
 
     def initialize(self, args):
         params = io.model_parameters(args)
@@ -43,37 +42,48 @@ class TritonPythonModel:
             salt=sum(args["model_name"].encode()),
             use_draft_vocab=params.get("use_draft_vocab", "false").lower() == "true",
         )
+        self.gauges = EngineGauges(pb_utils, args["model_name"])
         self.scheduler = BatchScheduler(
             engine,
             max_batch_size=int(params.get("max_batch_size", "8")),
             max_num_tokens=int(params.get("max_num_tokens", "2048")),
             max_queue_size=int(params.get("max_queue_size", "0")),
+            on_step=self.gauges.update,
         )
-        self.gauges = EngineGauges(pb_utils, args["model_name"])
 
     def execute(self, requests):
-        responses, pending = [None] * len(requests), []
-        for i, request in enumerate(requests):
+        for request in requests:
             arrival = time.monotonic_ns()
-            get = lambda name, request=request: io.tensor(pb_utils, request, name)  # noqa: E731
+            sender = request.get_response_sender()
             try:
-                req = request_from_tensors(get, self.max_input_len)
-                if req is None:  # a `stop` request
-                    responses[i] = pb_utils.InferenceResponse(output_tensors=[])
-                    continue
-                pending.append((i, get, arrival, time.monotonic_ns(), self.scheduler.submit(req)))
+                self._submit(request, sender, arrival)
             except (RequestTensorError, QueueFull) as e:
-                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
+                _send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))))
             except Exception as e:  # the model must stay up whatever one request does
-                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}"))
-        for i, get, arrival, scheduled, future in pending:
+                _send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}")))
+        return None
+
+    def _submit(self, request, sender, arrival):
+        get = lambda name: io.tensor(pb_utils, request, name)  # noqa: E731
+        req = request_from_tensors(get, self.max_input_len)
+        if req is None:  # a `stop` request
+            _send(sender, pb_utils.InferenceResponse(output_tensors=[]))
+            return
+        scheduled = time.monotonic_ns()
+
+        def answer(future):  # on the scheduler thread, as soon as this request is done
             try:
                 tensors = result_tensors(future.result(), get, self.exclude_input_default, arrival, scheduled)
-                responses[i] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+                response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
             except Exception as e:
-                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}"))
-        self.gauges.update(self.scheduler.stats)
-        return responses
+                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}"))
+            _send(sender, response)
+
+        self.scheduler.submit(req).add_done_callback(answer)
 
     def finalize(self):
         self.scheduler.close()
+
+
+def _send(sender, response):
+    sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
