@@ -1,13 +1,17 @@
 """Through a real Triton: the reference engine's `tensorrt_llm` model takes every input NVIDIA's declares,
 serves the ones it implements and refuses each one it cannot honour by name, and stays ready."""
 
+import time
+
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from trtspec.bench.metrics import scrape, value
 from trtspec.config import parse_config
 from trtspec.contract import nvidia
+from trtspec.metrics import ENGINE_KV_BYTES_GAUGE, ENGINE_REQUESTS_GAUGE, ENGINE_STEP_TOKENS_GAUGE
 from trtspec.reference_engine import DEFAULTS, UNSUPPORTED_INPUTS
 from trtspec.repository import generate_repository
 
@@ -52,7 +56,7 @@ def _inputs(extra: dict):
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory, tiny_target):
+def endpoints(tmp_path_factory, tiny_target):
     from trtspec.server import ServerOptions, create_server
 
     cfg = parse_config({
@@ -65,8 +69,13 @@ def client(tmp_path_factory, tiny_target):
                          model_control_mode="explicit", load_models=["tensorrt_llm"])  # the tiny model has no tokenizer
     with create_server(opts) as s:
         s.wait_ready(300)
-        with httpclient.InferenceServerClient(s.endpoints.http_address) as c:
-            yield c
+        yield s.endpoints
+
+
+@pytest.fixture(scope="module")
+def client(endpoints):
+    with httpclient.InferenceServerClient(endpoints.http_address) as c:
+        yield c
 
 
 def test_every_served_input_at_once(client):
@@ -104,3 +113,38 @@ def test_unsupported_input_is_refused_by_name(client, name):
 def test_stop_is_an_empty_answer(client):
     r = client.infer("tensorrt_llm", _inputs({"stop": [[True]], "request_output_len": [[0]]}), outputs=[])
     assert r.get_response().get("outputs", []) == []
+
+
+def _generate(client, prompt, n=8):
+    r = client.infer("tensorrt_llm", _inputs({"input_ids": [prompt], "input_lengths": [[len(prompt)]],
+                                              "request_output_len": [[n]], "return_perf_metrics": [[True]]}))
+    times = tuple(int(r.as_numpy(name)[0, 0]) for name in ("first_token_time_ns", "last_token_time_ns"))
+    return r.as_numpy("output_ids")[0, 0].tolist(), times
+
+
+def test_concurrent_requests_share_steps_and_queue_beyond_max_batch_size(client, endpoints):
+    """max_batch_size is 2 here: 8 concurrent requests run two at a time (the rest queue, none fails), each
+    one's tokens equal its solo run, and requests running together overlap in time (one forward per step)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [[1 + i % 5, 2, 3 + i % 7, 4 + i % 3] for i in range(8)]
+    solo = [_generate(client, p, 12)[0] for p in prompts]
+    with ThreadPoolExecutor(8) as pool:
+        # one client per thread: an HTTP client object is not for concurrent use
+        together = list(pool.map(lambda p: _generate(httpclient.InferenceServerClient(endpoints.http_address), p, 12), prompts))
+    assert [tokens for tokens, _ in together] == solo
+    spans = sorted(times for _, times in together)
+    overlapping = sum(1 for a, b in zip(spans, spans[1:]) if b[0] < a[1])
+    assert overlapping >= 1, f"no two requests ran in the same steps: {spans}"
+    assert client.is_server_ready()
+    # the batcher's gauges: drained now, and it has stepped (the last update follows the last answer closely)
+    deadline = time.monotonic() + 5
+    while True:
+        samples = scrape(endpoints.metrics)
+        if value(samples, ENGINE_REQUESTS_GAUGE, model="tensorrt_llm", state="active") == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert value(samples, ENGINE_STEP_TOKENS_GAUGE, model="tensorrt_llm") > 0
+    assert value(samples, ENGINE_REQUESTS_GAUGE, model="tensorrt_llm", state="active") == 0
+    assert value(samples, ENGINE_REQUESTS_GAUGE, model="tensorrt_llm", state="queued") == 0
+    assert value(samples, ENGINE_KV_BYTES_GAUGE, model="tensorrt_llm") == 0

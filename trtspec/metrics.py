@@ -10,6 +10,7 @@ exporter sums the same statistics into the counters named in that table. Like vL
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -117,6 +118,12 @@ class SpecStats:
         return out
 
 
+# Every custom-metric call of a model process goes through this lock: the Python backend of tritonserver 2.51
+# crashes (SIGSEGV in ModelInstanceState::ProcessMetricRequest) when one process has metric messages in flight
+# from several threads at once.
+TRITON_METRICS_LOCK = threading.RLock()
+
+
 class PrometheusExporter:
     """The loop's counters as Triton custom metrics, named after vLLM's spec_decode_* series.
 
@@ -126,7 +133,7 @@ class PrometheusExporter:
 
     def __init__(self, pb_utils: Any, model_name: str):
         self._labels = {"model": model_name}
-        self._lock = threading.Lock()
+        self._lock = TRITON_METRICS_LOCK
         self._families: dict[str, Any] = {}  # kept alive: Triton drops a family's metrics once it is collected
         self._metrics: dict[tuple, Any] = {}
         kind = pb_utils.MetricFamily.COUNTER
@@ -151,19 +158,65 @@ class PrometheusExporter:
 
     def record_cancelled(self, tokens_after_cancel: int) -> None:
         """A request whose client cancelled; `tokens_after_cancel` were generated for it and never sent."""
-        self._metric(CANCELLED_COUNTER).increment(1)
-        self._metric(AFTER_CANCEL_COUNTER).increment(tokens_after_cancel)
+        with self._lock:
+            self._metric(CANCELLED_COUNTER).increment(1)
+            self._metric(AFTER_CANCEL_COUNTER).increment(tokens_after_cancel)
 
     def record(self, stats: SpecStats, emitted: int) -> None:
-        self._metric(REQUESTS_COUNTER).increment(1)
-        self._metric(EMITTED_COUNTER).increment(emitted)
-        for s in RESPONSE_STATS:
-            if s.counter is None:
-                continue
-            value = getattr(stats, s.name)
-            if not s.vector:
-                self._metric(s.counter).increment(value)
-                continue
-            keys = list(SOURCES) if s.label == "source" else [str(i) for i in range(len(value))]
-            for key, n in zip(keys, value):
-                self._metric(s.counter, **{s.label: key}).increment(n)
+        with self._lock:
+            self._metric(REQUESTS_COUNTER).increment(1)
+            self._metric(EMITTED_COUNTER).increment(emitted)
+            for s in RESPONSE_STATS:
+                if s.counter is None:
+                    continue
+                value = getattr(stats, s.name)
+                if not s.vector:
+                    self._metric(s.counter).increment(value)
+                    continue
+                keys = list(SOURCES) if s.label == "source" else [str(i) for i in range(len(value))]
+                for key, n in zip(keys, value):
+                    self._metric(s.counter, **{s.label: key}).increment(n)
+
+
+ENGINE_REQUESTS_GAUGE = "trtspec_engine_requests"
+ENGINE_STEP_TOKENS_GAUGE = "trtspec_engine_step_tokens"
+ENGINE_KV_BYTES_GAUGE = "trtspec_engine_kv_cache_bytes"
+
+
+class EngineGauges:
+    """The reference engine's in-flight batcher as Triton gauges, like the tensorrtllm backend's
+    nv_trt_llm_request_metrics / inflight_batcher / kv_cache_block metrics: requests running and queued,
+    tokens computed in the last step, and bytes of KV cache held by the running requests."""
+
+    def __init__(self, pb_utils: Any, model_name: str):
+        kind = pb_utils.MetricFamily.GAUGE
+        self._families = {
+            ENGINE_REQUESTS_GAUGE: pb_utils.MetricFamily(
+                name=ENGINE_REQUESTS_GAUGE, description="Engine requests by state (active: in the running batch, queued: waiting)", kind=kind),
+            ENGINE_STEP_TOKENS_GAUGE: pb_utils.MetricFamily(
+                name=ENGINE_STEP_TOKENS_GAUGE, description="Tokens computed in the engine's last forward step", kind=kind),
+            ENGINE_KV_BYTES_GAUGE: pb_utils.MetricFamily(
+                name=ENGINE_KV_BYTES_GAUGE, description="Bytes of KV cache held by the running requests", kind=kind),
+        }
+        labels = {"model": model_name}
+        self._active = self._families[ENGINE_REQUESTS_GAUGE].Metric(dict(labels, state="active"))
+        self._queued = self._families[ENGINE_REQUESTS_GAUGE].Metric(dict(labels, state="queued"))
+        self._tokens = self._families[ENGINE_STEP_TOKENS_GAUGE].Metric(labels)
+        self._kv = self._families[ENGINE_KV_BYTES_GAUGE].Metric(labels)
+        self._sent_at = 0.0
+
+    MIN_INTERVAL_S = 0.25  # each gauge update is a round trip to the server: not at every step
+
+    def update(self, stats: Any) -> None:
+        """`stats`: a trtspec.batching.SchedulerStats. Called after every step; sent at most every
+        MIN_INTERVAL_S, and always when the engine has drained (so an idle engine never shows stale load)."""
+        now = time.monotonic()
+        idle = stats.active == 0 and stats.queued == 0
+        if not idle and now - self._sent_at < self.MIN_INTERVAL_S:
+            return
+        self._sent_at = now
+        with TRITON_METRICS_LOCK:
+            self._active.set(stats.active)
+            self._queued.set(stats.queued)
+            self._tokens.set(stats.last_step_tokens)
+            self._kv.set(stats.kv_bytes)

@@ -21,6 +21,9 @@ What TensorRT-LLM's executor does, this does (the reasons are cited where they a
 Prefix KV-cache reuse plays the role of TensorRT-LLM's enable_kv_cache_reuse: the loop resends
 the whole running sequence every iteration, so each call only computes the tokens that are new
 since the longest cached prefix.
+
+A request is a generator of forward steps (`steps`); `run` serves one alone, and trtspec.batching's scheduler
+steps many together, one forward pass over all of them per step (the executor's in-flight batching).
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 import numpy as np
 import torch
 
+from trtspec.ragged import ATTENTION, RaggedBatch, Segment, register as register_attention
 from trtspec.speculative import (
     SamplingParams,
     find_stop,
@@ -81,6 +85,9 @@ DEFAULTS: dict[str, float] = {
     "runtime_top_p_decay": 1.0,
     "runtime_top_p_reset_ids": -1,
 }
+
+# What ReferenceEngine.steps returns: yields the segment each step computes, returns the result.
+Steps = Generator["Segment", None, "EngineResult"]
 
 # The KV-cache accounting unit for the kv_cache_* outputs: trtllm-build's default tokens_per_block.
 TOKENS_PER_BLOCK = 32
@@ -362,6 +369,8 @@ class ReferenceEngine:
             dtype = "float32"  # half precision matmuls are several times slower on CPU
         self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=_DTYPES[dtype]).to(self.device)
         self.model.eval()
+        register_attention()
+        self.model.set_attn_implementation(ATTENTION)
         if self.device == "cpu":
             tune_for_cpu(self.model)
         self.vocab_size = int(self.model.config.vocab_size)
@@ -380,10 +389,9 @@ class ReferenceEngine:
 
     # ------------------------------------------------------------------ forward with prefix reuse
 
-    def _forward(self, tokens: list[int], need_logits: int = 1) -> tuple[torch.Tensor, Any, int, int]:
-        """Logits of the last `need_logits` positions of `tokens`, the updated cache, how many tokens
-        the cache served and how many were computed. Only those rows go through the LM head: with a
-        49k vocabulary the head over a whole prompt would cost as much as the prefill itself."""
+    def _open(self, tokens: list[int], need_logits: int = 1) -> tuple[Segment, int]:
+        """The segment that computes what `tokens` adds to its longest cached prefix (the cache taken out of
+        the prefix cache), and how many tokens the cache served."""
         from transformers import DynamicCache
 
         cache, reuse = self.cache.take(tokens)
@@ -392,17 +400,24 @@ class ReferenceEngine:
             cache, reuse = DynamicCache(config=self.model.config), 0
         elif cache.get_seq_length() > reuse:
             cache.crop(reuse - cache.get_seq_length())  # negative: drop that many (transformers 4.x and 5.x)
-        new = torch.tensor([tokens[reuse:]], dtype=torch.long, device=self.device)
+        return Segment(cache, list(tokens[reuse:]), reuse, need_logits), reuse
+
+    def forward(self, segments: list[Segment]) -> None:
+        """One forward pass over all segments; sets each one's logits (raw, float32) and extends its cache.
+        Only the wanted rows go through the LM head: with a 49k vocabulary the head over a whole prompt
+        would cost as much as the prefill itself."""
+        batch = RaggedBatch(segments)
+        ids, pos, rows = batch.inputs(self.device)
         with torch.inference_mode():
             if self.draft_vocab is None:
-                out = self.model(input_ids=new, past_key_values=cache, use_cache=True, logits_to_keep=need_logits)
-                logits = out.logits[0, -need_logits:].float()
+                out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=rows, **batch.kwargs())
+                logits = out.logits[0].float()
             else:
-                out = self.model.base_model(input_ids=new, past_key_values=cache, use_cache=True)
-                scores = (out.last_hidden_state[0, -need_logits:] @ self._draft_head_t).float()
-                logits = torch.full((need_logits, self.vocab_size), float("-inf"), device=scores.device)
+                out = self.model.base_model(input_ids=ids, position_ids=pos, use_cache=False, **batch.kwargs())
+                scores = (out.last_hidden_state[0, rows] @ self._draft_head_t).float()
+                logits = torch.full((len(rows), self.vocab_size), float("-inf"), device=scores.device)
                 logits[:, self.draft_vocab] = scores
-        return logits, out.past_key_values, reuse, new.shape[1]
+        batch.split_logits(logits)
 
     def _rng(self, req: EngineRequest) -> np.random.Generator:
         kind = 1 if req.draft_ids else 0
@@ -453,6 +468,20 @@ class ReferenceEngine:
     # ------------------------------------------------------------------ the two request kinds
 
     def run(self, req: EngineRequest) -> EngineResult:
+        """Serve one request alone (a batch of one at every step)."""
+        steps = self.steps(req)
+        try:
+            segment = next(steps)
+            while True:
+                self.forward([segment])
+                segment = steps.send(None)
+        except StopIteration as done:
+            return done.value
+
+    def steps(self, req: EngineRequest) -> Steps:
+        """The request as a generator of forward steps: it yields a Segment, expects its logits set (by
+        `forward`, alone or batched with other requests' segments), and returns the EngineResult. The
+        request is checked here, before the first step."""
         if not req.input_ids:
             raise ValueError("input_ids is empty")
         if req.embedding_bias is not None and req.embedding_bias.shape != (self.vocab_size,):
@@ -461,7 +490,7 @@ class ReferenceEngine:
             return self._verify(req)
         return self._generate(req)
 
-    def _generate(self, req: EngineRequest) -> EngineResult:
+    def _generate(self, req: EngineRequest) -> Steps:
         rng = self._rng(req)
         n_in = len(req.input_ids)
         tokens = list(req.input_ids)
@@ -471,7 +500,9 @@ class ReferenceEngine:
         sampling = self._sampling(req)
         for step in range(req.output_len):
             need = n_in if step == 0 and req.return_context_logits else 1
-            logits, cache, reuse, n_computed = self._forward(tokens, need_logits=need)
+            segment, reuse = self._open(tokens, need)
+            yield segment
+            logits, cache, n_computed = segment.logits, segment.cache, len(segment.tokens)
             if step == 0:
                 result.reused_tokens = reuse
                 if req.return_context_logits:
@@ -497,12 +528,14 @@ class ReferenceEngine:
             result.log_probs = log_probs
         return result
 
-    def _verify(self, req: EngineRequest) -> EngineResult:
+    def _verify(self, req: EngineRequest) -> Steps:
         seq, draft = list(req.input_ids), [int(t) for t in req.draft_ids or []]
         k = len(draft)
         need = len(seq) + k if req.return_context_logits else k + 1
-        logits, cache, reuse, n_computed = self._forward(seq + draft, need_logits=need)
-        self.cache.put(seq + draft, cache, committed=len(seq))
+        segment, reuse = self._open(seq + draft, need)
+        yield segment
+        logits, n_computed = segment.logits, len(segment.tokens)
+        self.cache.put(seq + draft, segment.cache, committed=len(seq))
         all_rows = logits.cpu().numpy()
         raw = all_rows[-(k + 1) :]
         rows = np.stack([self._process(raw[i], seq + draft[:i], req, i) for i in range(k + 1)])
@@ -547,8 +580,8 @@ class RequestTensorError(ValueError):
 
 def request_from_tensors(get: TensorGetter, max_input_len: int | None = None) -> EngineRequest | None:
     """An EngineRequest from the tensorrtllm backend's input tensors (`get(name)` -> array or None); None for a
-    `stop` request (NVIDIA's BLS cancels that way; requests here run to completion one at a time, so nothing is
-    in flight to cancel). Inputs the reference engine cannot honour are refused by name."""
+    `stop` request (NVIDIA's BLS cancels that way; here a request runs to completion and a stop is answered
+    with an empty response). Inputs the reference engine cannot honour are refused by name."""
 
     def scalar(name: str, default: Any = None) -> Any:
         a = get(name)

@@ -27,6 +27,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from trtspec.config import BuildConfig, EngineKind, checkpoint_path
 from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_STATS, nvidia
 from trtspec.loop import LoopSettings
+from trtspec.pipeline.preflight import plan_max_num_tokens
 from trtspec.triton.loop_model import settings_parameter
 
 TEMPLATES = Path(__file__).resolve().parent / "model_repository"
@@ -206,7 +207,8 @@ def _engine_config(
     config.instance_group[0].count = model.instance_count
     if cfg.engine is EngineKind.reference:
         config.backend = "python"
-        config.ClearField("dynamic_batching")  # one request per execute(): steps of many requests interleave
+        # dynamic batching hands execute() what arrived together; execute() only queues it for trtspec.batching,
+        # whose scheduler steps every request in flight together
         config.ClearField("parameters")
         _set_params(
             config,
@@ -216,6 +218,9 @@ def _engine_config(
             kv_cache_entries=2 * cfg.limits.max_batch_size,
             kv_cache_max_bytes=int(model.kv_cache_max_bytes),
             max_input_len=cfg.limits.max_input_len,
+            # the in-flight batcher's limits (trtspec.batching): requests per step and tokens per step
+            max_batch_size=cfg.limits.max_batch_size,
+            max_num_tokens=plan_max_num_tokens(cfg),
             use_draft_vocab=role == "draft",  # a draft checkpoint's draft_vocab.json, if it has one
             exclude_input_in_output=False,  # the loop reads the whole sequence back, as NVIDIA's BLS does
         )

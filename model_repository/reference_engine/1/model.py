@@ -13,10 +13,17 @@ import triton_python_backend_utils as pb_utils
 
 # importing trtspec sets OMP_WAIT_POLICY=PASSIVE before torch loads (see trtspec/__init__.py)
 from trtspec import triton_io as io
+from trtspec.batching import BatchScheduler, QueueFull
+from trtspec.metrics import EngineGauges
 from trtspec.reference_engine import ReferenceEngine, RequestTensorError, request_from_tensors, result_tensors
 
 
 class TritonPythonModel:
+    """Not decoupled (one response per request, like tensorrt_llm with decoupled_mode false), but execute()
+    does not wait: it hands each request to the engine's scheduler and returns, and the scheduler thread
+    answers through the request's response sender (one response, FINAL flag) as soon as that request is done.
+    So a request joins the running batch at the next step, whoever sent it, as on TensorRT-LLM's executor."""
+
     def initialize(self, args):
         params = io.model_parameters(args)
         threads = int(os.environ.get("TRTSPEC_TORCH_THREADS", "0"))
@@ -26,7 +33,7 @@ class TritonPythonModel:
             torch.set_num_threads(threads)
         self.max_input_len = int(params.get("max_input_len", "0")) or None
         self.exclude_input_default = params.get("exclude_input_in_output", "false").lower() == "true"
-        self.engine = ReferenceEngine(
+        engine = ReferenceEngine(
             params["checkpoint"],
             device=params.get("device", "auto"),
             dtype=params.get("dtype", "float32"),
@@ -35,25 +42,48 @@ class TritonPythonModel:
             salt=sum(args["model_name"].encode()),
             use_draft_vocab=params.get("use_draft_vocab", "false").lower() == "true",
         )
+        self.gauges = EngineGauges(pb_utils, args["model_name"])
+        self.scheduler = BatchScheduler(
+            engine,
+            max_batch_size=int(params.get("max_batch_size", "8")),
+            max_num_tokens=int(params.get("max_num_tokens", "2048")),
+            max_queue_size=int(params.get("max_queue_size", "0")),
+            on_step=self.gauges.update,
+        )
 
     def execute(self, requests):
-        responses = []
         for request in requests:
             arrival = time.monotonic_ns()
+            sender = request.get_response_sender()
             try:
-                responses.append(self._run(request, arrival))
-            except RequestTensorError as e:
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))))
+                self._submit(request, sender, arrival)
+            except (RequestTensorError, QueueFull) as e:
+                _send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))))
             except Exception as e:  # the model must stay up whatever one request does
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}")))
-        return responses
+                _send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}")))
+        return None
 
-    def _run(self, request, arrival):
+    def _submit(self, request, sender, arrival):
         get = lambda name: io.tensor(pb_utils, request, name)  # noqa: E731
         req = request_from_tensors(get, self.max_input_len)
         if req is None:  # a `stop` request
-            return pb_utils.InferenceResponse(output_tensors=[])
+            _send(sender, pb_utils.InferenceResponse(output_tensors=[]))
+            return
         scheduled = time.monotonic_ns()
-        result = self.engine.run(req)
-        tensors = result_tensors(result, get, self.exclude_input_default, arrival, scheduled)
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+
+        def answer(future):  # on the scheduler thread, as soon as this request is done
+            try:
+                tensors = result_tensors(future.result(), get, self.exclude_input_default, arrival, scheduled)
+                response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+            except Exception as e:
+                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}"))
+            _send(sender, response)
+
+        self.scheduler.submit(req).add_done_callback(answer)
+
+    def finalize(self):
+        self.scheduler.close()
+
+
+def _send(sender, response):
+    sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -1,0 +1,70 @@
+"""The in-flight batcher without Triton: batched rows equal solo runs (generate, verify, chunked prefill),
+limits queue instead of failing, and a full queue is a clear error."""
+
+import threading
+
+import pytest
+
+from trtspec.batching import BatchScheduler, QueueFull
+from trtspec.reference_engine import EngineRequest, ReferenceEngine
+
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2][: 3 + i] for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_target):
+    return ReferenceEngine(tiny_target, device="cpu")
+
+
+def _requests():
+    reqs = [EngineRequest(list(p), output_len=6) for p in PROMPTS]
+    reqs += [EngineRequest(list(p), output_len=3, draft_ids=[4, 5]) for p in PROMPTS[:3]]  # verify rows
+    return reqs
+
+
+def test_batched_equals_solo_with_chunked_prefill(engine, tiny_target):
+    solo = [engine.run(r).tokens for r in _requests()]
+    fresh = ReferenceEngine(tiny_target, device="cpu")  # nothing cached: every prompt is prefilled in the batch
+    seen = []  # (active, queued, tokens, kv bytes) after each step: what the Prometheus gauges show
+    scheduler = BatchScheduler(fresh, max_batch_size=4, max_num_tokens=5,  # prompts of up to 10 tokens: chunked
+                               on_step=lambda s: seen.append((s.active, s.queued, s.last_step_tokens, s.kv_bytes)))
+    try:
+        futures = [scheduler.submit(r) for r in _requests()]
+        assert [f.result(60).tokens for f in futures] == solo
+        assert scheduler.stats.max_active == 4 and len(seen) == scheduler.stats.steps
+        assert max(a for a, *_ in seen) == 4 and max(t for _, _, t, _ in seen) == 5  # batch and step bounds held
+        assert max(q for _, q, *_ in seen) > 0 and min(kv for *_, kv in seen[:-1]) > 0
+        assert seen[-1][:2] == (0, 0) and seen[-1][3] == 0  # drained
+    finally:
+        scheduler.close()
+
+
+def test_full_queue_is_refused_and_the_rest_drains(engine):
+    scheduler = BatchScheduler(engine, max_batch_size=1, max_num_tokens=64, max_queue_size=2)
+    gate = threading.Event()
+    original = engine.forward
+    engine.forward = lambda segments: (gate.wait(30), original(segments))  # hold the first step
+    try:
+        futures = [scheduler.submit(EngineRequest([1, 2, 3], output_len=2))]
+        while scheduler.stats.active == 0:
+            threading.Event().wait(0.01)
+        futures += [scheduler.submit(EngineRequest([1, 2, 3 + i], output_len=2)) for i in range(2)]
+        with pytest.raises(QueueFull, match="queue is full.*max_batch_size"):
+            scheduler.submit(EngineRequest([1, 2], output_len=2))
+        gate.set()
+        assert all(len(f.result(60).new_tokens) == 2 for f in futures)
+    finally:
+        gate.set()
+        engine.forward = original
+        scheduler.close()
+
+
+def test_a_refused_request_fails_alone(engine):
+    scheduler = BatchScheduler(engine, max_batch_size=2)
+    try:
+        bad, good = scheduler.submit(EngineRequest([], output_len=2)), scheduler.submit(EngineRequest([1, 2], output_len=2))
+        with pytest.raises(ValueError, match="input_ids is empty"):
+            bad.result(60)
+        assert len(good.result(60).new_tokens) == 2
+    finally:
+        scheduler.close()

@@ -1,0 +1,201 @@
+"""In-flight batching for the reference engine: one scheduler thread owns the model and steps every request
+in flight together, as TensorRT-LLM's executor does.
+
+Each step is one forward pass over a ragged batch (trtspec.ragged): prefill rows of new requests (a long prompt
+in chunks, so it does not stall everyone), one-token decode rows and k+1-token verify rows. A request submitted
+while a step runs joins at the next one; a finished request is answered at once, not when the batch drains.
+`max_batch_size` bounds the requests in the running batch and `max_num_tokens` the tokens per step; requests
+beyond them wait in FIFO order, and beyond `max_queue_size` waiting ones are refused with QueueFull.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable
+
+from trtspec.ragged import Segment
+from trtspec.reference_engine import EngineRequest, EngineResult, ReferenceEngine, Steps
+
+
+class QueueFull(RuntimeError):
+    """The engine's queue is full; the message is for the client."""
+
+
+@dataclass
+class _Job:
+    steps: Steps
+    future: Future
+    segment: Segment | None = None
+    done_tokens: int = 0  # tokens of the current segment computed by earlier chunks
+
+
+@dataclass
+class SchedulerStats:
+    active: int = 0
+    queued: int = 0
+    last_step_tokens: int = 0
+    steps: int = 0
+    max_active: int = 0  # the largest running batch seen
+    kv_bytes: int = 0  # KV cache held by the running requests after the last step
+
+
+def cache_bytes(cache) -> int:
+    """Bytes of a transformers DynamicCache's keys and values."""
+    return sum(t.nbytes for layer in getattr(cache, "layers", ()) for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None and hasattr(t, "nbytes"))
+
+
+class BatchScheduler:
+    def __init__(
+        self,
+        engine: ReferenceEngine,
+        max_batch_size: int = 8,
+        max_num_tokens: int = 2048,
+        max_queue_size: int = 0,
+        on_step: Callable[[SchedulerStats], None] | None = None,
+    ):
+        if max_batch_size < 1 or max_num_tokens < 1:
+            raise ValueError(f"max_batch_size ({max_batch_size}) and max_num_tokens ({max_num_tokens}) must be >= 1")
+        self.engine = engine
+        self.max_batch_size, self.max_num_tokens = max_batch_size, max_num_tokens
+        self.max_queue_size = max_queue_size or 64 * max_batch_size
+        self.stats = SchedulerStats()
+        self.on_step = on_step  # called on the scheduler thread after every step (e.g. Prometheus gauges)
+        self._queue: collections.deque[tuple[EngineRequest, Future]] = collections.deque()
+        self._active: list[_Job] = []
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="reference-engine-scheduler", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ callers
+
+    def submit(self, req: EngineRequest) -> Future:
+        """A future of the request's EngineResult (or its exception). Raises QueueFull when the queue is full."""
+        future: Future = Future()
+        with self._wake:
+            if self._stopping:
+                raise RuntimeError("the reference engine is shutting down")
+            if len(self._queue) >= self.max_queue_size:
+                raise QueueFull(
+                    f"the reference engine's queue is full ({len(self._queue)} requests waiting behind "
+                    f"{self.max_batch_size} running; max_batch_size {self.max_batch_size}): retry later, or raise "
+                    "limits.max_batch_size in the build config"
+                )
+            self._queue.append((req, future))
+            self.stats.queued = len(self._queue)
+            self._wake.notify()
+        return future
+
+    def run(self, req: EngineRequest) -> EngineResult:
+        return self.submit(req).result()
+
+    def close(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join()
+
+    # ------------------------------------------------------------------ the scheduler thread
+
+    def _admit(self) -> None:
+        """Move queued requests into the running batch (under the lock), up to max_batch_size."""
+        while self._queue and len(self._active) < self.max_batch_size:
+            req, future = self._queue.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                steps = self.engine.steps(req)
+                job = _Job(steps, future, next(steps))
+            except Exception as e:  # a request the engine refuses fails alone
+                future.set_exception(e)
+                continue
+            self._active.append(job)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                self._admit()
+                while not self._active and not self._stopping:
+                    self._wake.wait()
+                    self._admit()
+                if self._stopping:
+                    self._fail_all(RuntimeError("the reference engine is shutting down"))
+                    return
+                self.stats.active, self.stats.queued = len(self._active), len(self._queue)
+                self.stats.max_active = max(self.stats.max_active, len(self._active))
+            self._step()
+
+    def _plan(self) -> list[tuple[_Job, Segment]]:
+        """This step's work, in arrival order, within max_num_tokens: a segment too long for what is left is
+        chunked (never its logits rows, which come with its last chunk); the first job always gets a chunk."""
+        budget, plan = self.max_num_tokens, []
+        for job in self._active:
+            seg = job.segment
+            left = len(seg.tokens) - job.done_tokens
+            n = min(left, budget)
+            if n < left and left - n < seg.logit_rows:
+                n = left - seg.logit_rows  # the logits rows stay together, in the last chunk
+            if n <= 0:
+                if plan:
+                    continue
+                n = left  # more logits rows than a step holds: run them anyway rather than never
+            piece = seg if n == left and job.done_tokens == 0 else Segment(
+                seg.cache,
+                seg.tokens[job.done_tokens : job.done_tokens + n],
+                seg.start + job.done_tokens,
+                seg.logit_rows if n == left else 0,
+            )
+            plan.append((job, piece))
+            budget -= n
+            if budget <= 0:
+                break
+        return plan
+
+    def _step(self) -> None:
+        plan = self._plan()
+        try:
+            self.engine.forward([piece for _, piece in plan])
+        except Exception as e:  # the model failed: every request of the step fails, the engine stays up
+            for job, _ in plan:
+                self._finish(job, error=e)
+            return
+        self.stats.last_step_tokens = sum(len(p.tokens) for _, p in plan)
+        self.stats.steps += 1
+        for job, piece in plan:
+            if piece is not job.segment:
+                job.done_tokens += len(piece.tokens)
+                if job.done_tokens < len(job.segment.tokens):
+                    continue
+                job.segment.logits = piece.logits
+            job.done_tokens = 0
+            try:
+                job.segment = job.steps.send(None)
+            except StopIteration as done:
+                self._finish(job, result=done.value)
+            except Exception as e:
+                self._finish(job, error=e)
+        self.stats.kv_bytes = sum(cache_bytes(job.segment.cache) for job in self._active)
+        self.stats.queued = len(self._queue)
+        if self.on_step is not None:
+            self.on_step(self.stats)
+
+    def _finish(self, job: _Job, result: EngineResult | None = None, error: BaseException | None = None) -> None:
+        with self._wake:
+            self._active.remove(job)
+            self.stats.active = len(self._active)
+        if error is not None:
+            job.future.set_exception(error)
+        else:
+            job.future.set_result(result)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for job in self._active:
+            job.future.set_exception(error)
+        for _, future in self._queue:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(error)
+        self._active.clear()
+        self._queue.clear()

@@ -1,0 +1,97 @@
+"""One forward pass over a ragged batch: the new tokens of many sequences packed into one row.
+
+Every linear layer (most of the compute) runs once over all packed tokens; attention runs per sequence
+against that sequence's own KV cache (a transformers DynamicCache, so prefix reuse keeps working). This is
+the packed layout of transformers' continuous batching without its paged cache: the paged cache would hold
+all sequences in one block pool and drop the per-sequence caches the prefix cache hands around.
+
+A segment's attention is the same call with the same shapes whether it runs alone or in a batch, so a
+sequence's attention output does not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+ATTENTION = "trtspec_ragged"
+
+
+@dataclass
+class Segment:
+    """`tokens` of one sequence starting at position `start`; its KV cache already holds positions < start."""
+
+    cache: Any  # transformers.DynamicCache
+    tokens: list[int]
+    start: int
+    logit_rows: int = 0  # logits wanted for the last this-many tokens
+    logits: torch.Tensor | None = field(default=None, repr=False)
+
+
+class RaggedBatch:
+    """Per-step state the attention function reads (passed through the model's forward kwargs)."""
+
+    def __init__(self, segments: list[Segment]):
+        self.segments = segments
+        bounds, s = [], 0
+        for seg in segments:
+            bounds.append((s, s + len(seg.tokens)))
+            s += len(seg.tokens)
+        self.bounds = bounds
+        self.total = s
+
+    # Passed as the model's attention_mask: a 4D mask is used as given, so transformers builds none for the
+    # packed row (each segment's mask is made in ragged_attention).
+    NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+
+    def inputs(self, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input_ids [1, T], position_ids [1, T], indices of the rows whose logits are wanted)."""
+        ids, pos, rows = [], [], []
+        for seg, (s, e) in zip(self.segments, self.bounds):
+            ids.extend(seg.tokens)
+            pos.extend(range(seg.start, seg.start + len(seg.tokens)))
+            rows.extend(range(e - seg.logit_rows, e))
+        t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+        return t([ids]), t([pos]), t(rows)
+
+    def kwargs(self) -> dict[str, Any]:
+        """The model forward's arguments that route attention through ragged_attention with this batch."""
+        return {"attention_mask": self.NO_MASK, "ragged": self}
+
+    def split_logits(self, logits: torch.Tensor) -> None:
+        i = 0
+        for seg in self.segments:
+            seg.logits = logits[i : i + seg.logit_rows]
+            i += seg.logit_rows
+
+
+def _causal_mask(q: int, kv: int, device: Any) -> torch.Tensor:
+    """Query i (the (kv - q + i)-th position) sees keys 0 .. kv - q + i: causal, aligned bottom-right."""
+    return torch.ones(q, kv, dtype=torch.bool, device=device).tril(kv - q)[None, None]
+
+
+def ragged_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, ragged=None, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if ragged is None:  # a plain forward (no packed batch): ordinary SDPA attention with transformers' mask
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    outs = []
+    for seg, (s, e) in zip(ragged.segments, ragged.bounds):
+        k, v = seg.cache.update(key[:, :, s:e].contiguous(), value[:, :, s:e].contiguous(), module.layer_idx)
+        n, kv = e - s, k.shape[2]
+        mask = None if n == 1 or n == kv else _causal_mask(n, kv, query.device)
+        out, _ = sdpa_attention_forward(
+            module, query[:, :, s:e], k, v, mask, dropout=dropout, scaling=scaling, is_causal=n > 1 and mask is None
+        )
+        outs.append(out)
+    return torch.cat(outs, dim=1), None
+
+
+def register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, ragged_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
