@@ -232,6 +232,26 @@ def test_bad_value_over_grpc_gets_named_error(server, model, extra, expect):
 # ------------------------------------------------------------------ shutdown (last: it stops the module's server)
 
 
+def test_drafting_steps_aside_under_load(server):
+    """speculative.max_concurrency is 1 here: a request that runs beside another one drafts nothing and says so
+    in its response and in Prometheus; the same request alone drafts; both give the target's tokens."""
+    counter = next(s.counter for s in RESPONSE_STATS if s.name == "load_paused_iterations")
+    addr = server.endpoints.http_address
+    before = _metric(server, counter, "ensemble")
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(Client(addr, "http", "baseline").generate, PROMPT, 128)
+        time.sleep(1.0)  # the baseline request is in flight
+        beside = Client(addr, "http", "ensemble").generate(PROMPT, 16)
+        assert not busy.done(), "the baseline request ended before the ensemble one: no load to measure"
+        busy.result()
+    alone = Client(addr, "http", "ensemble").generate(PROMPT, 16)
+    assert beside.token_ids == alone.token_ids
+    assert beside.stats.total_draft_tokens == 0 and beside.stats.load_paused_iterations > 0
+    assert alone.stats.load_paused_iterations == 0 and alone.stats.total_draft_tokens > 0
+    assert _metric(server, counter, "ensemble") - before == beside.stats.load_paused_iterations
+
+
+# last in this module: it stops the module's server
 def test_sigint_after_a_rejected_stream_request_stops_within_the_bound(server):
     """A gRPC client whose stream callback raised on a rejected request keeps its stream open; Triton then waits
     for it on shutdown. stop() (what `trtspec serve` does on Ctrl-C) still returns within the stated bound."""
@@ -255,21 +275,3 @@ def test_sigint_after_a_rejected_stream_request_stops_within_the_bound(server):
     if rc != 0:  # a failure comes with a reason `trtspec serve` can show
         assert server.stop_reason or any("timeout" in line.lower() for line in server.log_tail(60))
 
-
-def test_drafting_steps_aside_under_load(server):
-    """speculative.max_concurrency is 1 here: a request that runs beside another one drafts nothing and says so
-    in its response and in Prometheus; the same request alone drafts; both give the target's tokens."""
-    counter = next(s.counter for s in RESPONSE_STATS if s.name == "load_paused_iterations")
-    addr = server.endpoints.http_address
-    before = _metric(server, counter, "ensemble")
-    with ThreadPoolExecutor(1) as pool:
-        busy = pool.submit(Client(addr, "http", "baseline").generate, PROMPT, 128)
-        time.sleep(1.0)  # the baseline request is in flight
-        beside = Client(addr, "http", "ensemble").generate(PROMPT, 16)
-        assert not busy.done(), "the baseline request ended before the ensemble one: no load to measure"
-        busy.result()
-    alone = Client(addr, "http", "ensemble").generate(PROMPT, 16)
-    assert beside.token_ids == alone.token_ids
-    assert beside.stats.total_draft_tokens == 0 and beside.stats.load_paused_iterations > 0
-    assert alone.stats.load_paused_iterations == 0 and alone.stats.total_draft_tokens > 0
-    assert _metric(server, counter, "ensemble") - before == beside.stats.load_paused_iterations
