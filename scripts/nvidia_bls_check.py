@@ -75,6 +75,7 @@ def install_bls(bls_dir: Path, repo: Path, params: dict[str, str]) -> None:
 
 
 def generate(http: str, model: str, body: dict) -> str:
+    """`body` sent as is: trtspec.client adds return_perf_metrics, which 0.17's tensorrt_llm_bls does not declare."""
     req = urllib.request.Request(
         f"{http}/v2/models/{model}/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from trtspec.ragged import Segment
-from trtspec.reference_engine import EngineRequest, EngineResult, ReferenceEngine, Steps
+from trtspec.reference_engine import EngineRequest, EngineResult, ReferenceEngine, Steps, cache_nbytes
 
 
 class QueueFull(RuntimeError):
@@ -40,11 +40,6 @@ class SchedulerStats:
     steps: int = 0
     max_active: int = 0  # the largest running batch seen
     kv_bytes: int = 0  # KV cache held by the running requests after the last step
-
-
-def cache_bytes(cache) -> int:
-    """Bytes of a transformers DynamicCache's keys and values."""
-    return sum(t.nbytes for layer in getattr(cache, "layers", ()) for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None and hasattr(t, "nbytes"))
 
 
 class BatchScheduler:
@@ -177,7 +172,7 @@ class BatchScheduler:
                 self._finish(job, result=done.value)
             except Exception as e:
                 self._finish(job, error=e)
-        self.stats.kv_bytes = sum(cache_bytes(job.segment.cache) for job in self._active)
+        self.stats.kv_bytes = sum(cache_nbytes(job.segment.cache) for job in self._active)
         self.stats.queued = len(self._queue)
         if self.on_step is not None:
             self.on_step(self.stats)

@@ -188,6 +188,8 @@ class EngineGauges:
     nv_trt_llm_request_metrics / inflight_batcher / kv_cache_block metrics: requests running and queued,
     tokens computed in the last step, and bytes of KV cache held by the running requests."""
 
+    MIN_INTERVAL_S = 0.25  # each gauge update is a round trip to the server: not at every step
+
     def __init__(self, pb_utils: Any, model_name: str):
         kind = pb_utils.MetricFamily.GAUGE
         self._families = {
@@ -204,8 +206,6 @@ class EngineGauges:
         self._tokens = self._families[ENGINE_STEP_TOKENS_GAUGE].Metric(labels)
         self._kv = self._families[ENGINE_KV_BYTES_GAUGE].Metric(labels)
         self._sent_at = 0.0
-
-    MIN_INTERVAL_S = 0.25  # each gauge update is a round trip to the server: not at every step
 
     def update(self, stats: Any) -> None:
         """`stats`: a trtspec.batching.SchedulerStats. Called after every step; sent at most every

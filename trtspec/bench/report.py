@@ -367,8 +367,9 @@ def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
         fig, (total_ax, user_ax) = plt.subplots(1, 2, figsize=(11, 4.5))
         for k in sorted({c["num_draft_tokens"] for c in cells}):
             mine = sorted((c for c in cells if c["num_draft_tokens"] == k), key=lambda c: c["concurrency"])
-            label = "baseline (target only)" if not any(c["speculative"] for c in mine) else f"speculative k={k}"
-            style = {"color": "black", "linestyle": "--"} if label.startswith("baseline") else {}
+            baseline = not any(c["speculative"] for c in mine)
+            label = "baseline (target only)" if baseline else f"speculative k={k}"
+            style = {"color": "black", "linestyle": "--"} if baseline else {}
             for ax, value in ((total_ax, lambda c: c["output_tokens_per_s"]),
                               (user_ax, lambda c: c["tokens_per_s_per_user"]["mean"])):
                 pts = [(c["concurrency"], value(c)) for c in mine if value(c) is not None]
