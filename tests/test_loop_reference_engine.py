@@ -133,8 +133,22 @@ def test_in_flight_is_shared_between_processes(tmp_path):
     child.start()
     child.join(60)
     assert child.exitcode == 0
-    here.close(remove=True)
-    assert not path.exists()
+    here.close()
+
+
+def test_counters_of_servers_that_are_gone_are_removed(tmp_path):
+    import os
+
+    from trtspec.load import PREFIX, remove_stale, server_key
+
+    running = tmp_path / f"{PREFIX}{server_key(os.getpid())}"
+    pid_reused = tmp_path / f"{PREFIX}{os.getpid()}-1"  # this pid, but a process that started at another time
+    gone = tmp_path / f"{PREFIX}99999999-5"
+    other = tmp_path / "unrelated"
+    for p in (running, pid_reused, gone, other):
+        p.write_bytes(b"\0" * 8)
+    remove_stale(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running.name, other.name])
 
 
 def _count_in_child(path):

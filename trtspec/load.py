@@ -3,7 +3,9 @@
 The loop models (`ensemble`, `baseline`, `speculative`, `baseline_loop`, several instances each) run in separate
 processes and all drive the same target engine, whose batch is what they have in flight together. Each process
 maps one shared int64 (a file in /dev/shm named after the server process and its start time, so a restarted
-server never reads an old count), changes it under an flock and reads it without one.
+server never reads an old count), changes it under an flock and reads it without one. The file outlives the
+loop models: one that is unloaded and loaded again must find its siblings' count, not start a new one. Files of
+servers that are gone are removed when the next server's first loop model starts.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Iterator
 import numpy as np
 
 
+PREFIX = "trtspec-inflight-"
+
+
 def server_key(pid: int) -> str:
     """`pid` and its start time (clock ticks since boot): unique for the machine's uptime."""
     try:
@@ -31,14 +36,26 @@ def server_key(pid: int) -> str:
 def default_path() -> Path:
     """The counter of the Triton server this process serves (a Python-backend stub's parent)."""
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    return base / f"trtspec-inflight-{server_key(os.getppid())}"
+    return base / f"{PREFIX}{server_key(os.getppid())}"
+
+
+def remove_stale(directory: Path) -> None:
+    """Removes the counters of servers that no longer run (their pid is gone, or now names another process)."""
+    for path in directory.glob(f"{PREFIX}*"):
+        pid = path.name.removeprefix(PREFIX).split("-", 1)[0]
+        if pid.isdigit() and path.name != f"{PREFIX}{server_key(int(pid))}":
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
 
 class InFlight:
     """A process-shared count of requests in flight; calling it reads the count."""
 
     def __init__(self, path: str | Path | None = None):
-        self.path = Path(path) if path is not None else default_path()
+        if path is None:
+            path = default_path()
+            remove_stale(path.parent)
+        self.path = Path(path)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -71,11 +88,7 @@ class InFlight:
         finally:
             self.add(-1)
 
-    def close(self, remove: bool = False) -> None:
-        """Unmaps; `remove` also deletes the file (processes that have it mapped keep counting)."""
+    def close(self) -> None:
         del self._count
         self._map.close()
         os.close(self._fd)
-        if remove:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()

@@ -115,7 +115,7 @@ class LoopModel:
 
     def finalize(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
-        self.in_flight.close(remove=True)
+        self.in_flight.close()
 
     def parse(self, request: Any) -> tuple[LoopRequest, bool]:
         """(the request, whether it came as text and is answered with text_output)."""
