@@ -68,3 +68,37 @@ def test_a_refused_request_fails_alone(engine):
         assert len(good.result(60).new_tokens) == 2
     finally:
         scheduler.close()
+
+
+def test_requests_answered_after_a_step_are_regathered_into_the_next(engine):
+    """Loop clients send one request per iteration and come back a moment after their answer (through Triton,
+    an IPC round trip): the next step waits for them instead of starting with whoever came back first."""
+    original = engine.forward
+
+    def slow_forward(segments):  # a step long enough that a 5 ms turnaround is small beside it
+        threading.Event().wait(0.1)
+        original(segments)
+
+    rows = []
+    scheduler = BatchScheduler(engine, max_batch_size=4, on_step=lambda s: rows.append(s.last_step_tokens))
+    engine.forward = slow_forward
+
+    def client(prompt, out):
+        seq = list(prompt)
+        for _ in range(4):
+            seq = scheduler.run(EngineRequest(seq, output_len=1)).tokens
+            threading.Event().wait(0.005)
+        out.append(seq)
+
+    try:
+        out: list = []
+        threads = [threading.Thread(target=client, args=(p, out)) for p in PROMPTS[4:8]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(out) == 4
+        assert len(rows) <= 5, f"the batch split: rows per step {rows}"  # 4 iterations, plus one staggered start
+    finally:
+        engine.forward = original
+        scheduler.close()

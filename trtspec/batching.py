@@ -6,12 +6,19 @@ in chunks, so it does not stall everyone), one-token decode rows and k+1-token v
 while a step runs joins at the next one; a finished request is answered at once, not when the batch drains.
 `max_batch_size` bounds the requests in the running batch and `max_num_tokens` the tokens per step; requests
 beyond them wait in FIFO order, and beyond `max_queue_size` waiting ones are refused with QueueFull.
+
+A loop model sends one engine request per iteration, so the requests answered after a step come straight
+back as new ones. Starting the next step at once would run it with whoever came back first and leave the
+rest for the step after: through Triton the batch splits in two, and halves its throughput. So when requests
+were answered, the next step waits for as many arrivals, at most `regather` of the last step's duration
+(Triton's dynamic batcher has the same knob: max_queue_delay_microseconds).
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
@@ -50,6 +57,7 @@ class BatchScheduler:
         max_num_tokens: int = 2048,
         max_queue_size: int = 0,
         on_step: Callable[[SchedulerStats], None] | None = None,
+        regather: float = 0.25,
     ):
         if max_batch_size < 1 or max_num_tokens < 1:
             raise ValueError(f"max_batch_size ({max_batch_size}) and max_num_tokens ({max_num_tokens}) must be >= 1")
@@ -58,6 +66,9 @@ class BatchScheduler:
         self.max_queue_size = max_queue_size or 64 * max_batch_size
         self.stats = SchedulerStats()
         self.on_step = on_step  # called on the scheduler thread after every step (e.g. Prometheus gauges)
+        self.regather = regather
+        self._returning = 0  # requests answered after the last step that have not come back yet
+        self._last_step_s = 0.0
         self._queue: collections.deque[tuple[EngineRequest, Future]] = collections.deque()
         self._active: list[_Job] = []
         self._wake = threading.Condition()
@@ -80,6 +91,7 @@ class BatchScheduler:
                     "limits.max_batch_size in the build config"
                 )
             self._queue.append((req, future))
+            self._returning = max(0, self._returning - 1)
             self.stats.queued = len(self._queue)
             self._wake.notify()
         return future
@@ -116,12 +128,24 @@ class BatchScheduler:
                 while not self._active and not self._stopping:
                     self._wake.wait()
                     self._admit()
+                self._regather()
                 if self._stopping:
                     self._fail_all(RuntimeError("the reference engine is shutting down"))
                     return
                 self.stats.active, self.stats.queued = len(self._active), len(self._queue)
                 self.stats.max_active = max(self.stats.max_active, len(self._active))
             self._step()
+
+    def _regather(self) -> None:
+        """Under the lock: wait (bounded) for the requests answered after the last step to come back."""
+        deadline = time.monotonic() + self.regather * self._last_step_s
+        while self._returning and len(self._active) < self.max_batch_size and not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._wake.wait(left)
+            self._admit()
+        self._returning = 0
 
     def _plan(self) -> list[tuple[_Job, Segment]]:
         """This step's work, in arrival order, within max_num_tokens: a segment too long for what is left is
@@ -151,12 +175,14 @@ class BatchScheduler:
 
     def _step(self) -> None:
         plan = self._plan()
+        started = time.monotonic()
         try:
             self.engine.forward([piece for _, piece in plan])
         except Exception as e:  # the model failed: every request of the step fails, the engine stays up
             for job, _ in plan:
                 self._finish(job, error=e)
             return
+        self._last_step_s = time.monotonic() - started
         self.stats.last_step_tokens = sum(len(p.tokens) for _, p in plan)
         self.stats.steps += 1
         for job, piece in plan:
@@ -180,6 +206,7 @@ class BatchScheduler:
     def _finish(self, job: _Job, result: EngineResult | None = None, error: BaseException | None = None) -> None:
         with self._wake:
             self._active.remove(job)
+            self._returning += 1
             self.stats.active = len(self._active)
         if error is not None:
             job.future.set_exception(error)
