@@ -151,6 +151,28 @@ def test_standin_refuses_unknown_llm_arguments():
         standin.LLM("unused", max_batch_sise=4)
 
 
+@pytest.mark.slow
+def test_standin_batches_requests_in_flight_and_each_equals_its_solo_output(demo_pair):
+    """The stand-in's requests share the engines' forward passes (trtspec.batching), as on the executor."""
+    import asyncio
+
+    spec = {"decoding_type": "Draft_Target", "max_draft_len": 3, "speculative_model": str(demo_pair.draft)}
+    llm = standin.LLM(demo_pair.target, speculative_config=spec, max_batch_size=4)
+    sp = standin.SamplingParams(max_tokens=10)
+
+    async def run(prompts):
+        outs = await asyncio.gather(*(llm.generate_async(p, sp, streaming=True).aresult() for p in prompts))
+        return [o.outputs[0].token_ids for o in outs]
+
+    try:
+        solo = [asyncio.run(run([p]))[0] for p in PROMPTS[:4]]
+        assert llm.engines["target"].stats.max_active == 1
+        assert asyncio.run(run(PROMPTS[:4])) == solo
+        assert min(e.stats.max_active for e in llm.engines.values()) > 1  # requests shared steps
+    finally:
+        llm.shutdown()
+
+
 # ------------------------------------------------------------------------------------------ real Triton
 
 MAX_TOKENS = 12

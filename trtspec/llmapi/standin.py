@@ -7,9 +7,10 @@ streaming=True)` returning an async-iterable `RequestOutput` whose `outputs[0]` 
 
 Behind it run trtspec's reference engine and trtspec's speculative loop (greedy verification or
 rejection sampling, trtspec.loop), so the llmapi flavour's Triton model, repository and clients are
-exercised on CPU exactly as they are on a GPU. Requests are served by one scheduler thread that advances
-every request in flight by one speculative iteration per round (a "batch"), interleaved; a batched engine
-slots in behind `_Scheduler.step_all`. TensorRT-LLM's load controls are honoured per request at admission
+exercised on CPU exactly as they are on a GPU. Each request's loop runs on its own thread and its engine
+calls meet in the engines' in-flight batchers (trtspec.batching, the reference engine's own), so every
+request in flight shares each forward pass as on TensorRT-LLM's executor. TensorRT-LLM's load controls are
+honoured per request at admission
 (`max_concurrency`, `draft_len_schedule` by the number of requests in flight) and across requests
 (`acceptance_window` / `acceptance_length_threshold` switch speculation off for good).
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from trtspec.batching import BatchScheduler
 from trtspec.config import SpeculativeConfig
 from trtspec.llmapi.fields import version_fields
 from trtspec.loop import Step, LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
@@ -163,7 +164,7 @@ class RequestOutput:
 class _EngineCall:
     """trtspec.loop's engine interface served in process: tensors in, tensors out, as Triton would."""
 
-    def __init__(self, engines: dict[str, ReferenceEngine]):
+    def __init__(self, engines: dict[str, BatchScheduler]):
         self.engines = engines
 
     def __call__(self, model: str, tensors: dict[str, np.ndarray], wanted: list[str]) -> dict[str, np.ndarray]:
@@ -171,63 +172,44 @@ class _EngineCall:
         return result_tensors(result, tensors.get)
 
 
-@dataclass
-class _Active:
-    out: RequestOutput
-    steps: Iterator[Step]
-    first_iter: int
-    stats: Any = None
-
-
-class _Scheduler(threading.Thread):
-    """Advances every request in flight by one speculative iteration per round."""
+class _Requests:
+    """Runs each request's speculative loop on a thread of its own."""
 
     def __init__(self, llm: "LLM"):
-        super().__init__(name="llmapi-standin", daemon=True)
         self.llm = llm
-        self.incoming: "queue.Queue[tuple[RequestOutput, LoopRequest] | None]" = queue.Queue()
-        self.active: list[_Active] = []
-        self.round = 0
+        self._lock = threading.Lock()
+        self.in_flight = 0
 
-    def run(self) -> None:
-        while True:
-            block = not self.active
-            try:
-                while True:
-                    item = self.incoming.get(block=block)
-                    block = False
-                    if item is None:
-                        return
-                    self._admit(*item)
-            except queue.Empty:
-                pass
-            self.step_all()
-            self.round += 1
+    def start(self, out: RequestOutput, req: LoopRequest) -> None:
+        with self._lock:
+            self.in_flight += 1
+            req.num_draft_tokens = self.llm.draft_len_for(self.in_flight)
+        threading.Thread(target=self._serve, args=(out, req), name=f"llmapi-request-{out.request_id}", daemon=True).start()
 
-    def _admit(self, out: RequestOutput, req: LoopRequest) -> None:
-        req.num_draft_tokens = self.llm.draft_len_for(len(self.active) + 1)
-        self.active.append(_Active(out, self.llm.loop.run(req), self.round))
-
-    def step_all(self) -> None:
-        still = []
-        for a in self.active:
-            if a.out.aborted.is_set():
-                a.out._post(_Update([], a.stats, a.first_iter, self.round, "cancelled"))
-                continue
-            try:
-                chunk = next(a.steps)
-            except Exception as e:  # noqa: BLE001 - reported to the caller of generate_async
-                a.out._post(_Update([], None, a.first_iter, self.round, error=e))
-                continue
-            a.stats = chunk.stats
-            reason = None
-            if chunk.final:
-                reason = "length" if len(chunk.generated_before) + len(chunk.new_tokens) >= a.out._sp.max_tokens else "stop"
-                self.llm.record_acceptance(chunk.stats)
-            a.out._post(_Update(list(chunk.new_tokens), chunk.stats, a.first_iter, self.round, reason))
-            if not chunk.final:
-                still.append(a)
-        self.active = still
+    def _serve(self, out: RequestOutput, req: LoopRequest) -> None:
+        # iteration numbers as the executor's: the request takes part in every one from its first to its last
+        first = last = self.llm.iteration()
+        stats = None
+        try:
+            for chunk in self.llm.loop.run(req):
+                if out.aborted.is_set():
+                    out._post(_Update([], stats, first, last, "cancelled"))
+                    return
+                stats = chunk.stats
+                last = first + stats.num_iterations - 1
+                reason = None
+                if chunk.final:
+                    done = len(chunk.generated_before) + len(chunk.new_tokens) >= out._sp.max_tokens
+                    reason = "length" if done else "stop"
+                    self.llm.record_acceptance(stats)
+                out._post(_Update(list(chunk.new_tokens), stats, first, last, reason))
+                if chunk.final:
+                    return
+        except Exception as e:  # noqa: BLE001 - reported to the caller of generate_async
+            out._post(_Update([], None, first, last, error=e))
+        finally:
+            with self._lock:
+                self.in_flight -= 1
 
 
 class LLM:
@@ -256,10 +238,13 @@ class LLM:
         self._lengths: list[float] = []
         self.speculation_off = False
 
-        engines = {TARGET: ReferenceEngine(model, dtype="float32", cache_entries=2 * int(kwargs.get("max_batch_size") or 8))}
+        batch = int(kwargs.get("max_batch_size") or 8)
+        limits = {"max_batch_size": batch, "max_num_tokens": int(kwargs.get("max_num_tokens") or 8192)}
+        engines = {TARGET: BatchScheduler(ReferenceEngine(model, dtype="float32", cache_entries=2 * batch), **limits)}
         draft = spec.get("speculative_model") or spec.get("speculative_model_dir")
         if self.source == "model":
-            engines[DRAFT] = ReferenceEngine(draft, dtype="float32", salt=1, use_draft_vocab=True)
+            engines[DRAFT] = BatchScheduler(ReferenceEngine(draft, dtype="float32", cache_entries=2 * batch, salt=1, use_draft_vocab=True), **limits)
+        self.engines = engines
         # TensorRT-LLM's NGram drafter has no minimum n-gram size: n goes down to 1
         ngram_max = int(spec.get("max_matching_ngram_size") or 2)
         settings = LoopSettings(
@@ -277,8 +262,11 @@ class LLM:
         )
         self.loop = SpeculativeLoop(settings, _EngineCall(engines))
         self._ids = itertools.count()
-        self._scheduler = _Scheduler(self)
-        self._scheduler.start()
+        self._requests = _Requests(self)
+
+    def iteration(self) -> int:
+        """The target engine's step count: the executor's iteration counter."""
+        return self.engines[TARGET].stats.steps
 
     # ------------------------------------------------------------------ load controls
 
@@ -324,7 +312,7 @@ class LLM:
             top_p=sp.top_p,
             seed=sp.seed,
         )
-        self._scheduler.incoming.put((out, req))
+        self._requests.start(out, req)
         return out
 
     def _words(self, words: str | list[str] | None) -> list[list[int]]:
@@ -334,7 +322,8 @@ class LLM:
         return [s for s in (self.tokenizer.encode(w, add_special_tokens=False) for w in words if w) if s]
 
     def shutdown(self) -> None:
-        self._scheduler.incoming.put(None)
+        for engine in self.engines.values():
+            engine.close()
 
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "LoopRequestError"]
