@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -160,13 +161,22 @@ def test_streamed_text_concatenates_to_the_whole_text(server):
         assert "\ufffd" not in whole.text
 
 
-def test_eight_concurrent_streams_match_their_solo_output(server):
-    client = _client(server, "grpc")
-    prompts = PROMPTS[:8]
-    solo = [client.generate(p, MAX_TOKENS, stream=True, num_draft_tokens=3).token_ids for p in prompts]
-    with ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(lambda p: client.generate(p, MAX_TOKENS, stream=True, num_draft_tokens=3), prompts))
-    assert [g.token_ids for g in together] == solo
+@pytest.fixture(scope="module")
+def solo_streams(server):
+    """Per endpoint, each of the first 16 prompts streamed alone (one request in the deployment at a time)."""
+    client = {m: _client(server, "grpc", m) for m in ("ensemble", "baseline")}
+    return {m: [c.generate(p, MAX_TOKENS, stream=True).token_ids for p in PROMPTS[:16]] for m, c in client.items()}
+
+
+@pytest.mark.parametrize("model", ["ensemble", "baseline"])
+@pytest.mark.parametrize("n", [8, 16])
+def test_concurrent_streams_match_their_solo_output(server, solo_streams, model, n):
+    """n streams at once (16 is twice the deployment's max_batch_size: half of them queue in the engine) each
+    equal their solo output, and they overlapped in time."""
+    client = _client(server, "grpc", model)
+    with ThreadPoolExecutor(n) as pool:
+        together = list(pool.map(lambda p: client.generate(p, MAX_TOKENS, stream=True), PROMPTS[:n]))
+    assert [g.token_ids for g in together] == solo_streams[model][:n]
     # they really overlapped in time: the latest start comes before the earliest end
     assert max(g.start for g in together) < min(g.end for g in together)
 
@@ -384,3 +394,29 @@ def test_postprocessing_decodes_nvidias_3d_tokens_batch(server, baseline):
     out = grpcclient.InferenceServerClient(server.endpoints.grpc_address).infer("postprocessing", [tokens, length])
     assert out.as_numpy("OUTPUT").shape == (1, 1)
     assert out.as_numpy("OUTPUT")[0, 0].decode() == _client(server).generate(PROMPTS[0], MAX_TOKENS).text
+
+
+def _engine_generate(server, prompt: list[int], n: int) -> tuple[int, int, int]:
+    """One request straight to the target engine: (arrival, first token, last token) times in ns."""
+    import tritonclient.http as httpclient
+
+    inputs = []
+    for name, value in {"input_ids": [prompt], "input_lengths": [[len(prompt)]], "request_output_len": [[n]],
+                        "return_perf_metrics": [[True]]}.items():
+        arr = np.asarray(value, dtype=np.bool_ if name.startswith("return") else np.int32)
+        inputs.append(httpclient.InferInput(name, list(arr.shape), "BOOL" if arr.dtype == np.bool_ else "INT32"))
+        inputs[-1].set_data_from_numpy(arr)
+    r = httpclient.InferenceServerClient(server.endpoints.http_address).infer("tensorrt_llm", inputs)
+    return tuple(int(r.as_numpy(k)[0, 0]) for k in ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns"))
+
+
+def test_a_request_arriving_mid_run_joins_the_batch_and_finishes_first(server):
+    """A short engine request sent while a long one runs joins the running batch: it is answered before the long
+    one ends (an engine serving one request at a time would answer it after)."""
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(_engine_generate, server, list(range(100, 120)), 80)
+        time.sleep(1.5)
+        assert not long.done(), "the long request ended before the short one was sent: make it longer"
+        short_arrival, _, short_last = _engine_generate(server, list(range(200, 210)), 4)
+        _, long_first, long_last = long.result(120)
+    assert long_first < short_arrival and short_last < long_last
