@@ -8,7 +8,8 @@ into DIR/before-src, so the working tree is untouched) and then this checkout's 
 back to back, each on a fresh throwaway Triton server, and prints one table: loop overhead per
 iteration, one BLS round trip, the overhead in round trips against the target for that source,
 end-to-end tok/s and token identity. The earlier revision chose the draft source in the build config
-(`speculative.draft_source`); this one takes it per request (`--draft-source`).
+(`speculative.draft_source`); later ones take it per request (`--draft-source`), and are run with the same
+command as this checkout (e.g. `--before 8699db6`, the serial reference engine, against the in-flight batcher).
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-BEFORE_MODULE = "trtspec.benchmarks.loop"
+BEFORE_MODULE = "trtspec.benchmarks.loop"  # revisions before `trtspec bench-loop` (draft source in the config)
+CLI_MODULE_FILE = "trtspec/bench/loop.py"
+
+
+def bench_loop_cmd(source: str, output: Path, common: list[str]) -> list[str]:
+    return [sys.executable, "-m", "trtspec.cli", "bench-loop", "--draft-source", source, "--output", str(output), *common]
 
 
 def export_revision(rev: str, dest: Path) -> None:
@@ -93,11 +99,13 @@ def main() -> int:
     rows = []
     for source in [s.strip() for s in args.sources.split(",") if s.strip()]:
         b_dir, a_dir = out / f"before-{source}", out / f"after-{source}"
-        cfg = before_config(tree, source, out / f"before-{source}.yaml")
-        run([sys.executable, "-m", BEFORE_MODULE, "--config", str(cfg), "--output", str(b_dir), *common],
-            tree, env, out / f"before-{source}.log")
-        run([sys.executable, "-m", "trtspec.cli", "bench-loop", "--draft-source", source, "--output", str(a_dir), *common],
-            REPO, env, out / f"after-{source}.log")
+        if (tree / CLI_MODULE_FILE).is_file():  # a revision with `trtspec bench-loop --draft-source`
+            before_cmd = bench_loop_cmd(source, b_dir, common)
+        else:
+            cfg = before_config(tree, source, out / f"before-{source}.yaml")
+            before_cmd = [sys.executable, "-m", BEFORE_MODULE, "--config", str(cfg), "--output", str(b_dir), *common]
+        run(before_cmd, tree, env, out / f"before-{source}.log")
+        run(bench_loop_cmd(source, a_dir, common), REPO, env, out / f"after-{source}.log")
         rows.append((source, summary(b_dir / "results.json"), summary(a_dir / "results.json")))
 
     lines = [

@@ -116,6 +116,25 @@ def test_config_budget_is_validated_with_the_fix():
         parse_config({**base, "engine": "tensorrt_llm", "target": {"checkpoint": "demo:target", "kv_cache_max_bytes": "1GB"}})
 
 
+def test_default_budget_holds_a_full_batch_of_max_seq_len(tiny_target, tmp_path):
+    """Without kv_cache_max_bytes the engine gets a budget in tokens (max_batch_size x max_seq_len) and sizes it
+    with its own KV bytes per token: a full batch of long streams keeps its caches between iterations."""
+    from trtspec.repository import generate_repository
+
+    cfg = parse_config({"engine": "reference", "device": "cpu", "target": {"checkpoint": str(tiny_target)},
+                        "speculative": {"draft_source": "ngram"},
+                        "limits": {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 80}})
+    config = (generate_repository(cfg, tmp_path / "repo") / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert 'key: "kv_cache_max_tokens"\n  value {\n    string_value: "320"' in config
+    assert "kv_cache_max_bytes" not in config
+    engine = ReferenceEngine(tiny_target, device="cpu", cache_tokens=320)
+    per_token = engine.kv_bytes_per_token()
+    cfg_model = engine.model.config
+    kv_heads = getattr(cfg_model, "num_key_value_heads", cfg_model.num_attention_heads)
+    assert per_token == 2 * cfg_model.num_hidden_layers * kv_heads * (cfg_model.hidden_size // cfg_model.num_attention_heads) * 4
+    assert engine.cache.max_bytes == 320 * per_token
+
+
 def test_evictions_hand_memory_back_once_per_burst_not_per_eviction(monkeypatch):
     import time
 

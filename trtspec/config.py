@@ -37,7 +37,6 @@ Dtype = Literal["float16", "bfloat16", "float32"]
 
 # The reference engine's default prefix-cache budget per model: the demo target's KV cache is 45 KiB per
 # token (float32), so this holds ~5,800 tokens, e.g. 8 streams of 700.
-REFERENCE_KV_CACHE_BYTES = 256 * 1024**2
 
 
 class ModelConfig(_Strict):
@@ -55,10 +54,12 @@ class ModelConfig(_Strict):
         default=None, description="default: derived from the memory estimate instead of NVIDIA's fixed 0.5"
     )
     instance_count: Annotated[int, Field(ge=1, le=64)] = 1
-    kv_cache_max_bytes: ByteSize = Field(
-        default=REFERENCE_KV_CACHE_BYTES,
+    kv_cache_max_bytes: ByteSize | None = Field(
+        default=None,
         description="engine: reference only: bytes of KV cache kept for prefix reuse (e.g. 256MiB, 2GB; 0: no reuse); "
-        "least recently used entries are evicted. The CPU analogue of kv_cache_free_gpu_mem_fraction",
+        "least recently used entries are evicted. The CPU analogue of kv_cache_free_gpu_mem_fraction. Default: "
+        "enough for limits.max_batch_size sequences of limits.max_seq_len tokens (less evicts a running stream's "
+        "cache between its iterations, and each iteration then recomputes the whole sequence)",
     )
 
     @field_validator("kv_cache_max_bytes", mode="before")

@@ -359,6 +359,7 @@ class ReferenceEngine:
         dtype: str = "float32",
         cache_entries: int = 16,
         cache_bytes: int | None = None,
+        cache_tokens: int | None = None,
         salt: int = 0,
         use_draft_vocab: bool = False,
     ):
@@ -384,8 +385,18 @@ class ReferenceEngine:
             except ValueError as e:
                 raise ValueError(f"{checkpoint}: {e}") from None
             self.draft_vocab = torch.tensor(ids, dtype=torch.long, device=self.device)
+        if cache_bytes is None and cache_tokens:  # a budget in tokens: this model's KV bytes per token decide
+            cache_bytes = cache_tokens * self.kv_bytes_per_token()
         self.cache = PrefixCache(cache_entries, cache_bytes)
         self.salt = salt  # decorrelates the random streams of the draft and the target under one seed
+
+    def kv_bytes_per_token(self) -> int:
+        """Measured: the KV cache one token leaves behind (any architecture, dtype and head layout)."""
+        from transformers import DynamicCache
+
+        segment = Segment(DynamicCache(config=self.model.config), [0], 0, 1)
+        self.forward([segment])
+        return cache_nbytes(segment.cache)
 
     # ------------------------------------------------------------------ forward with prefix reuse
 

@@ -216,7 +216,9 @@ def _engine_config(
             device=cfg.device,
             dtype=model.dtype,
             kv_cache_entries=2 * cfg.limits.max_batch_size,
-            kv_cache_max_bytes=int(model.kv_cache_max_bytes),
+            # the default budget is the engine's to size: it knows its KV bytes per token
+            **({} if model.kv_cache_max_bytes is None else {"kv_cache_max_bytes": int(model.kv_cache_max_bytes)}),
+            kv_cache_max_tokens=cfg.limits.max_batch_size * cfg.limits.max_seq_len,
             max_input_len=cfg.limits.max_input_len,
             # the in-flight batcher's limits (trtspec.batching): requests per step and tokens per step
             max_batch_size=cfg.limits.max_batch_size,

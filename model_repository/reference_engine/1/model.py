@@ -39,6 +39,7 @@ class TritonPythonModel:
             dtype=params.get("dtype", "float32"),
             cache_entries=int(params.get("kv_cache_entries", "16")),
             cache_bytes=int(params["kv_cache_max_bytes"]) if "kv_cache_max_bytes" in params else None,
+            cache_tokens=int(params.get("kv_cache_max_tokens", "0")) or None,
             salt=sum(args["model_name"].encode()),
             use_draft_vocab=params.get("use_draft_vocab", "false").lower() == "true",
         )
