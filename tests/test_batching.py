@@ -75,7 +75,7 @@ def test_requests_answered_after_a_step_are_regathered_into_the_next(engine):
     an IPC round trip): the next step waits for them instead of starting with whoever came back first."""
     original = engine.forward
 
-    def slow_forward(segments):  # a step long enough that a 5 ms turnaround is small beside it
+    def slow_forward(segments):  # a step long enough that a 2 ms turnaround is small beside it
         threading.Event().wait(0.1)
         original(segments)
 
@@ -87,7 +87,7 @@ def test_requests_answered_after_a_step_are_regathered_into_the_next(engine):
         seq = list(prompt)
         for _ in range(4):
             seq = scheduler.run(EngineRequest(seq, output_len=1)).tokens
-            threading.Event().wait(0.005)
+            threading.Event().wait(0.002)
         out.append(seq)
 
     try:
@@ -101,4 +101,16 @@ def test_requests_answered_after_a_step_are_regathered_into_the_next(engine):
         assert len(rows) <= 5, f"the batch split: rows per step {rows}"  # 4 iterations, plus one staggered start
     finally:
         engine.forward = original
+        scheduler.close()
+
+
+def test_a_failing_observer_does_not_stop_the_engine(engine):
+    def broken(_):
+        raise RuntimeError("metrics are down")
+
+    scheduler = BatchScheduler(engine, max_batch_size=2, on_step=broken, on_forward=broken)
+    try:
+        assert len(scheduler.run(EngineRequest([1, 2, 3], output_len=3)).new_tokens) == 3
+        assert len(scheduler.run(EngineRequest([3, 2, 1], output_len=2)).new_tokens) == 2
+    finally:
         scheduler.close()

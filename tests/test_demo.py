@@ -46,16 +46,22 @@ def test_demo_quick_end_to_end(tmp_path):
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
-    for text in ("1/5", "One example completion", "acceptance", "tokens per target call", "A/B bench",
-                 "speedup", "Crossover", "Stopping Triton", "Demo done"):
+    for text in ("1/5", "One example completion", "acceptance", "tokens per target call", "A/B bench 1/3",
+                 "A/B bench 3/3", "speedup", "Crossover", "What the benches show", "baseline throughput",
+                 "Stopping Triton", "Demo done"):
         assert text in output, text
     assert "Traceback" not in output
-    res = json.loads((out / "results.json").read_text())
-    assert res["summary"]["num_errors"] == 0
-    assert {(c["concurrency"], c["endpoint"], c["num_draft_tokens"]) for c in res["cells"]} == {
-        (1, "baseline", 0), (1, "ensemble", 2), (2, "baseline", 0), (2, "ensemble", 2)}
-    for c in res["cells"]:
-        if c["speculative"]:
-            assert 0.0 <= c["acceptance"]["rate"] <= 1.0
-    for name in ("speedup.png", "acceptance_per_position.png", "latency.png", "results.csv", "triton.log"):
-        assert (out / name).is_file(), name
+    one = {(1, "baseline", 0), (1, "ensemble", 2)}
+    expected = {"grounded": one, "chat": one, "concurrency": one | {(2, "baseline", 0), (2, "ensemble", 2)}}
+    for folder, cells in expected.items():
+        res = json.loads((out / folder / "results.json").read_text())
+        assert res["summary"]["num_errors"] == 0
+        assert {(c["concurrency"], c["endpoint"], c["num_draft_tokens"]) for c in res["cells"]} == cells
+        for c in res["cells"]:
+            if c["speculative"]:
+                assert 0.0 <= c["acceptance"]["rate"] <= 1.0
+        for name in ("speedup.png", "acceptance_per_position.png", "latency.png", "results.csv"):
+            assert (out / folder / name).is_file(), f"{folder}/{name}"
+    settings = json.loads((out / "grounded" / "results.json").read_text())["settings"]
+    assert settings["draft_source"] == "hybrid" and settings["draft_length_policy"] == "adaptive"
+    assert (out / "triton.log").is_file()

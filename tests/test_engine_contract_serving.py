@@ -11,7 +11,7 @@ from tritonclient.utils import InferenceServerException
 from trtspec.bench.metrics import scrape, value
 from trtspec.config import parse_config
 from trtspec.contract import nvidia
-from trtspec.metrics import ENGINE_KV_BYTES_GAUGE, ENGINE_REQUESTS_GAUGE, ENGINE_STEP_TOKENS_GAUGE
+from trtspec.metrics import ENGINE_BUSY_COUNTER, ENGINE_KV_BYTES_GAUGE, ENGINE_REQUESTS_GAUGE, ENGINE_STEP_TOKENS_GAUGE
 from trtspec.reference_engine import DEFAULTS, UNSUPPORTED_INPUTS
 from trtspec.repository import generate_repository
 
@@ -148,3 +148,14 @@ def test_concurrent_requests_share_steps_and_queue_beyond_max_batch_size(client,
     assert value(samples, ENGINE_REQUESTS_GAUGE, model="tensorrt_llm", state="active") == 0
     assert value(samples, ENGINE_REQUESTS_GAUGE, model="tensorrt_llm", state="queued") == 0
     assert value(samples, ENGINE_KV_BYTES_GAUGE, model="tensorrt_llm") == 0
+
+
+def test_engine_compute_time_is_counted_before_the_answer(client, endpoints):
+    """Triton's compute_infer no longer holds the engine's work (execute() only queues), so the engine counts its
+    forward time itself, before answering: read right after a response, the counter holds that request's steps."""
+    busy = lambda: value(scrape(endpoints.metrics), ENGINE_BUSY_COUNTER, model="tensorrt_llm")  # noqa: E731
+    _generate(client, [1, 2, 3], 2)  # the counter exists once the engine has stepped
+    before, t0 = busy(), time.monotonic_ns()
+    _generate(client, [3, 2, 1, 4], 12)
+    wall, spent = time.monotonic_ns() - t0, busy() - before
+    assert 0 < spent < wall

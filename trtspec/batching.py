@@ -10,13 +10,16 @@ beyond them wait in FIFO order, and beyond `max_queue_size` waiting ones are ref
 A loop model sends one engine request per iteration, so the requests answered after a step come straight
 back as new ones. Starting the next step at once would run it with whoever came back first and leave the
 rest for the step after: through Triton the batch splits in two, and halves its throughput. So when requests
-were answered, the next step waits for as many arrivals, at most `regather` of the last step's duration
-(Triton's dynamic batcher has the same knob: max_queue_delay_microseconds).
+were answered, the next step waits for as many arrivals (Triton's dynamic batcher has the same knob,
+max_queue_delay_microseconds), but not for a request that went elsewhere first (a speculative loop drafts
+before it verifies again): the wait ends at REGATHER_GAP_S without an arrival, and after `regather` of the
+last step's duration or REGATHER_MAX_S at most.
 """
 
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -25,6 +28,10 @@ from typing import Callable
 
 from trtspec.ragged import Segment
 from trtspec.reference_engine import EngineRequest, EngineResult, ReferenceEngine, Steps, cache_nbytes
+
+
+REGATHER_GAP_S = 0.005  # a loop's next request comes within a few ms of its answer (Triton IPC + loop code)
+REGATHER_MAX_S = 0.02
 
 
 class QueueFull(RuntimeError):
@@ -57,6 +64,7 @@ class BatchScheduler:
         max_num_tokens: int = 2048,
         max_queue_size: int = 0,
         on_step: Callable[[SchedulerStats], None] | None = None,
+        on_forward: Callable[[int], None] | None = None,
         regather: float = 0.25,
     ):
         if max_batch_size < 1 or max_num_tokens < 1:
@@ -66,6 +74,7 @@ class BatchScheduler:
         self.max_queue_size = max_queue_size or 64 * max_batch_size
         self.stats = SchedulerStats()
         self.on_step = on_step  # called on the scheduler thread after every step (e.g. Prometheus gauges)
+        self.on_forward = on_forward  # the forward pass's duration in ns, before the step's requests are answered
         self.regather = regather
         self._returning = 0  # requests answered after the last step that have not come back yet
         self._last_step_s = 0.0
@@ -138,13 +147,18 @@ class BatchScheduler:
 
     def _regather(self) -> None:
         """Under the lock: wait (bounded) for the requests answered after the last step to come back."""
-        deadline = time.monotonic() + self.regather * self._last_step_s
+        now = time.monotonic()
+        deadline = now + min(self.regather * self._last_step_s, REGATHER_MAX_S)
         while self._returning and len(self._active) < self.max_batch_size and not self._stopping:
-            left = deadline - time.monotonic()
+            waiting = self._returning
+            left = min(deadline, now + REGATHER_GAP_S) - now
             if left <= 0:
                 break
             self._wake.wait(left)
             self._admit()
+            now = time.monotonic()
+            if self._returning == waiting:  # nobody came within the gap
+                break
         self._returning = 0
 
     def _plan(self) -> list[tuple[_Job, Segment]]:
@@ -175,14 +189,16 @@ class BatchScheduler:
 
     def _step(self) -> None:
         plan = self._plan()
-        started = time.monotonic()
+        started = time.monotonic_ns()
         try:
             self.engine.forward([piece for _, piece in plan])
         except Exception as e:  # the model failed: every request of the step fails, the engine stays up
             for job, _ in plan:
                 self._finish(job, error=e)
             return
-        self._last_step_s = time.monotonic() - started
+        took = time.monotonic_ns() - started
+        self._last_step_s = took / 1e9
+        self._notify(self.on_forward, took)
         self.stats.last_step_tokens = sum(len(p.tokens) for _, p in plan)
         self.stats.steps += 1
         for job, piece in plan:
@@ -200,8 +216,17 @@ class BatchScheduler:
                 self._finish(job, error=e)
         self.stats.kv_bytes = sum(cache_nbytes(job.segment.cache) for job in self._active)
         self.stats.queued = len(self._queue)
-        if self.on_step is not None:
-            self.on_step(self.stats)
+        self._notify(self.on_step, self.stats)
+
+    @staticmethod
+    def _notify(callback: Callable | None, value: object) -> None:
+        """A failing observer (metrics) must not take the scheduler thread, and every request with it, down."""
+        if callback is None:
+            return
+        try:
+            callback(value)
+        except Exception as e:  # noqa: BLE001
+            print(f"trtspec.batching: {getattr(callback, '__qualname__', callback)} failed: {e!r}", file=sys.stderr)
 
     def _finish(self, job: _Job, result: EngineResult | None = None, error: BaseException | None = None) -> None:
         with self._wake:

@@ -181,12 +181,16 @@ class PrometheusExporter:
 ENGINE_REQUESTS_GAUGE = "trtspec_engine_requests"
 ENGINE_STEP_TOKENS_GAUGE = "trtspec_engine_step_tokens"
 ENGINE_KV_BYTES_GAUGE = "trtspec_engine_kv_cache_bytes"
+# execute() only queues a request for the scheduler, so Triton's compute_infer no longer holds the engine's work
+ENGINE_BUSY_COUNTER = "trtspec_engine_busy_ns"
 
 
 class EngineGauges:
     """The reference engine's in-flight batcher as Triton gauges, like the tensorrtllm backend's
     nv_trt_llm_request_metrics / inflight_batcher / kv_cache_block metrics: requests running and queued,
-    tokens computed in the last step, and bytes of KV cache held by the running requests."""
+    tokens computed in the last step, and bytes of KV cache held by the running requests; plus the engine's
+    compute time (a counter, sent after every step before its requests are answered, so a client that reads
+    it after its response sees its own steps counted)."""
 
     MIN_INTERVAL_S = 0.25  # each gauge update is a round trip to the server: not at every step
 
@@ -200,12 +204,20 @@ class EngineGauges:
             ENGINE_KV_BYTES_GAUGE: pb_utils.MetricFamily(
                 name=ENGINE_KV_BYTES_GAUGE, description="Bytes of KV cache held by the running requests", kind=kind),
         }
+        self._families[ENGINE_BUSY_COUNTER] = pb_utils.MetricFamily(  # kept: a Metric dies with its family
+            name=ENGINE_BUSY_COUNTER, description="Nanoseconds the engine spent in forward steps",
+            kind=pb_utils.MetricFamily.COUNTER)
         labels = {"model": model_name}
+        self._busy = self._families[ENGINE_BUSY_COUNTER].Metric(labels)
         self._active = self._families[ENGINE_REQUESTS_GAUGE].Metric(dict(labels, state="active"))
         self._queued = self._families[ENGINE_REQUESTS_GAUGE].Metric(dict(labels, state="queued"))
         self._tokens = self._families[ENGINE_STEP_TOKENS_GAUGE].Metric(labels)
         self._kv = self._families[ENGINE_KV_BYTES_GAUGE].Metric(labels)
         self._sent_at = 0.0
+
+    def busy(self, ns: int) -> None:
+        with TRITON_METRICS_LOCK:
+            self._busy.increment(ns)
 
     def update(self, stats: Any) -> None:
         """`stats`: a trtspec.batching.SchedulerStats. Called after every step; sent at most every

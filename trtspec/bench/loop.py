@@ -12,7 +12,8 @@ input-grounded):
      a shared CPU hit both alike; warm-up requests are excluded; outputs are checked token for token;
    * Triton's own per-model statistics (``GET /v2/models/stats``) before and after every measured request:
      the engine time (compute_input + compute_infer + compute_output of ``tensorrt_llm`` and
-     ``tensorrt_llm_draft``), hence the loop overhead per iteration = (client wall time - engine time) /
+     ``tensorrt_llm_draft``, plus the reference engine's ``trtspec_engine_busy_ns``: its execute() only
+     queues a request for the in-flight batcher, so compute_infer does not hold its work), hence the loop overhead per iteration = (client wall time - engine time) /
      iterations;
    * one BLS round trip, measured directly: two probe models are added to the generated repository, a Python
      model that ``exec()``s an echo Python model N times and reports each exec's wall time (perf_counter
@@ -60,8 +61,9 @@ WARMUP_TEXTS = (
     "except on Sundays.<|im_end|>\n<|im_start|>assistant\n",
 )
 ENGINE_MODELS = ("tensorrt_llm", "tensorrt_llm_draft")
-STAT_PARTS = ("success", "queue", "compute_input", "compute_infer", "compute_output")
-ENGINE_PARTS = ("compute_input", "compute_infer", "compute_output")
+ENGINE_BUSY = "engine_busy"  # the reference engine's forward time (fetch_stats), beside Triton's parts
+STAT_PARTS = ("success", "queue", "compute_input", "compute_infer", "compute_output", ENGINE_BUSY)
+ENGINE_PARTS = ("compute_input", "compute_infer", "compute_output", ENGINE_BUSY)
 PROBE_BLS, PROBE_ECHO = "bench_bls_probe", "bench_echo"
 
 # Targets
@@ -197,8 +199,19 @@ def _http_json(url: str, body: Any | None = None, timeout: float = 600) -> Any:
         return json.loads(resp.read())
 
 
-def fetch_stats(http: str) -> dict[str, dict[str, Any]]:
-    return _model_entries(_http_json(f"{http}/v2/models/stats"))
+def fetch_stats(http: str, metrics_url: str | None = None) -> dict[str, dict[str, Any]]:
+    """Triton's per-model statistics; with `metrics_url`, the reference engine's compute time (which its
+    compute_infer does not hold: execute() only queues) is added as the ENGINE_BUSY part."""
+    entries = _model_entries(_http_json(f"{http}/v2/models/stats"))
+    if metrics_url:
+        from trtspec.bench.metrics import scrape
+        from trtspec.metrics import ENGINE_BUSY_COUNTER
+
+        for (name, labels), v in scrape(metrics_url).items():
+            model = dict(labels).get("model")
+            if name == ENGINE_BUSY_COUNTER and model in entries:
+                entries[model][ENGINE_BUSY] = {"count": 0, "ns": int(v)}
+    return entries
 
 
 def probe_bls(http: str, n: int, length: int = 256) -> list[int]:
@@ -289,9 +302,9 @@ def run_server_phase(cfg: Any, prompts: Sequence[BenchPrompt], args: "LoopBenchA
                 for endpoint in order:
                     gen(endpoint, p.text, 1)
                 for endpoint in order:
-                    before = fetch_stats(http)
+                    before = fetch_stats(http, ep.metrics)
                     g = gen(endpoint, p.text, args.max_tokens)
-                    after = fetch_stats(http)
+                    after = fetch_stats(http, ep.metrics)
                     rec = LoopRecord(p.id, p.kind, endpoint, g.latency, list(g.token_ids), g.stats, stats_delta(before, after))
                     out["records"].append(rec)
                     log(

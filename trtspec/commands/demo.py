@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,26 +19,61 @@ _HELP = """Run trtspec end to end on the shipped demo pair (CPU is fine).
   1. prepares the demo pair, once (cached in ~/.cache/trtspec/demo, or
      $TRTSPEC_CACHE/demo): SmolLM2-135M-Instruct as the target and a
      distilled 4-layer draft;
-  2. writes the reference-engine Triton repository of build_configs/demo.yaml;
-  3. starts Triton on free ports;
-  4. streams one example completion (each colour change is one target call:
+  2. writes the reference-engine Triton repository of build_configs/demo.yaml
+     and starts Triton on free ports;
+  3. streams one example completion (each colour change is one target call:
      the tokens the draft proposed and the target accepted arrive together)
      and prints its acceptance figures;
-  5. runs a short A/B bench, speculative vs target-only, at concurrency 1
-     and 4 with num_draft_tokens 0 (baseline), 2 and 4, prints the table and
-     where the results and plots are;
-  6. stops Triton.
+  4. three short A/B benches, speculative vs target-only, each a table with
+     its results and plots in a folder of its own:
+       grounded     prompts that quote their input, at concurrency 1: hybrid
+                    drafting (n-gram from the prompt, else the draft model)
+                    with the adaptive policy: where speculation wins;
+       chat         the same on chat prompts, where the draft pays little:
+                    what adaptive speculation costs there;
+       concurrency  chat at concurrency 1, 4 and 8, k 0 and 3: throughput as
+                    load grows, and where speculation stops paying;
+  5. prints the three facts in one summary and stops Triton.
 
 \b
-About 5 minutes on 2 CPU cores once installed (the first run also
-converts the model: about a minute more). --quick runs a smaller bench
+About 4 minutes on 2 CPU cores once installed (the first run also
+converts the model: about a minute more). --quick runs smaller benches
 (CI: about 2 minutes). For your own pair and sizes use `trtspec bench`.
 """
 
-FULL = dict(concurrency=(1, 4), draft_tokens=(0, 2, 4), requests=4, warmup=1, max_tokens=32, prompts=6,
-            example_tokens=48)
-QUICK = dict(concurrency=(1, 2), draft_tokens=(0, 2), requests=2, warmup=1, max_tokens=12, prompts=2,
-             example_tokens=24)
+
+@dataclass(frozen=True)
+class Part:
+    """One A/B bench of the demo."""
+
+    folder: str
+    title: str
+    kinds: tuple[str, ...]
+    concurrency: tuple[int, ...]
+    draft_tokens: tuple[int, ...]
+    requests: int
+    max_tokens: int
+    draft_source: str | None = None  # None: the deployment's
+    draft_length_policy: str | None = None
+
+
+_ADAPTIVE = dict(draft_source="hybrid", draft_length_policy="adaptive")
+FULL = dict(
+    example_tokens=48,
+    parts=(
+        Part("grounded", "Input-grounded prompts: hybrid drafting, adaptive", ("grounded",), (1,), (0, 4), 3, 48, **_ADAPTIVE),
+        Part("chat", "Chat prompts: the same adaptive speculation, where the draft pays little", ("chat",), (1,), (0, 4), 3, 48, **_ADAPTIVE),
+        Part("concurrency", "Load: throughput by concurrency, and where speculation stops paying", ("chat",), (1, 4, 8), (0, 3), 8, 24),
+    ),
+)
+QUICK = dict(
+    example_tokens=24,
+    parts=(
+        Part("grounded", "Input-grounded prompts: hybrid drafting, adaptive", ("grounded",), (1,), (0, 2), 1, 12, **_ADAPTIVE),
+        Part("chat", "Chat prompts: the same adaptive speculation, where the draft pays little", ("chat",), (1,), (0, 2), 1, 12, **_ADAPTIVE),
+        Part("concurrency", "Load: throughput by concurrency, and where speculation stops paying", ("chat",), (1, 2), (0, 2), 2, 12),
+    ),
+)
 EXAMPLE_PROMPT = "Explain in a few sentences why the sky is blue."
 
 
@@ -94,17 +130,66 @@ def _example(server: Any, cfg: Any, max_tokens: int) -> None:
     )
 
 
+def _bench(part: Part, ep: Any, pids: list[int], cfg: Any, output: Path) -> dict:
+    from trtspec.bench import BenchSettings, builtin_prompts
+    from trtspec.commands.bench import bench_and_report
+
+    prompts = builtin_prompts(part.kinds)
+    settings = BenchSettings(
+        url=ep.http_address,
+        protocol="http",
+        max_tokens=part.max_tokens,
+        concurrency=part.concurrency,
+        draft_tokens=[k for k in part.draft_tokens if k <= cfg.speculative.max_draft_len],
+        requests_per_cell=part.requests,
+        warmup=1,
+        draft_source=part.draft_source,
+        draft_length_policy=part.draft_length_policy,
+        metrics_url=ep.metrics,
+        profile_pids=pids or None,
+    )
+    how = f"draft_source {part.draft_source}, {part.draft_length_policy}" if part.draft_source else "the deployment's draft settings"
+    console.print(f"  [dim]{len(prompts)} {'/'.join(part.kinds)} prompts, {part.requests} requests per cell + 1 warm-up, "
+                  f"max_tokens {part.max_tokens}, {how}[/]")
+    return bench_and_report(settings, prompts, output)
+
+
+def summary_facts(results: dict[str, dict]) -> list[str]:
+    """One line per bench: the speculative cell's speedup at concurrency 1, and for the load bench the
+    baseline's throughput scaling and the speedup at each concurrency."""
+    def cells(name: str) -> list[dict]:
+        return results.get(name, {}).get("cells", [])
+
+    def speedup(name: str) -> str:
+        spec = [c for c in cells(name) if c["speculative"] and c["concurrency"] == 1 and c.get("speedup")]
+        return f"[bold]{spec[0]['speedup']:.2f}x[/] the target-only baseline" if spec else "no speedup measured"
+
+    lines = [f"[bold]grounded[/]  adaptive hybrid speculation: {speedup('grounded')} (the prompt's own text is proposed)",
+             f"[bold]chat[/]      the same adaptive speculation: {speedup('chat')} (it steps back where drafts are rejected)"]
+    base = {c["concurrency"]: c["output_tokens_per_s"] for c in cells("concurrency") if not c["speculative"]}
+    if base and min(base) in base and base[min(base)]:
+        c1 = min(base)
+        scaling = ", ".join(f"c={c}: {v:.1f} tok/s ({v / base[c1]:.1f}x)" for c, v in sorted(base.items()))
+        spec = ", ".join(f"c={c['concurrency']}: {c['speedup']:.2f}x" for c in cells("concurrency")
+                         if c["speculative"] and c.get("speedup"))
+        lines.append(f"[bold]load[/]      baseline throughput {scaling}; speculative (k=3) vs baseline {spec}")
+        crossover = results["concurrency"].get("summary", {}).get("crossover", {}).get("summary")
+        if crossover:
+            lines.append(f"          crossover: {crossover}")
+    return lines
+
+
 @click.command("demo", help=_HELP, short_help="Run everything on the shipped demo pair (CPU, a few minutes).")
-@click.option("--quick", is_flag=True, help="A smaller bench (concurrency 1 and 2, k 0 and 2, 2 requests per "
-                                            "cell, 12 tokens): for CI.")
+@click.option("--quick", is_flag=True, help="Smaller benches (1-2 requests per cell, 12 tokens, concurrency 1 and 2): "
+                                            "for CI.")
 @click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Results directory [default: ./trtspec-demo-<date>-<time>].")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Another reference-engine build config to demo [default: the shipped demo.yaml].")
 def demo(quick: bool, output: Path | None, config_path: Path | None) -> None:
-    from trtspec.bench import BenchError, BenchSettings, builtin_prompts
+    from trtspec.bench import BenchError
     from trtspec.bench.local import local_deployment, prepare_checkpoints, server_pids
-    from trtspec.commands.bench import bench_and_report, default_output_dir
+    from trtspec.commands.bench import default_output_dir
     from trtspec.config import ConfigError, checkpoint_path, load_config
     from trtspec.demo_pair import DemoPairError
     from trtspec.repository import RepositoryError
@@ -148,25 +233,15 @@ def demo(quick: bool, output: Path | None, config_path: Path | None) -> None:
                     _step(3, total, "One example completion, streamed")
                     _example(server, cfg, size["example_tokens"])
 
-                    _step(4, total, "A/B bench: speculative vs target-only")
-                    prompts = builtin_prompts()[: size["prompts"]]
-                    settings = BenchSettings(
-                        url=ep.http_address,
-                        protocol="http",
-                        max_tokens=size["max_tokens"],
-                        concurrency=size["concurrency"],
-                        draft_tokens=[k for k in size["draft_tokens"] if k <= cfg.speculative.max_draft_len],
-                        requests_per_cell=size["requests"],
-                        warmup=size["warmup"],
-                        metrics_url=ep.metrics,
-                        profile_pids=server_pids(server) or None,
-                    )
-                    console.print(f"  [dim]{len(prompts)} prompts (chat, code, grounded), "
-                                  f"{size['requests']} requests per cell + {size['warmup']} warm-up, "
-                                  f"max_tokens {size['max_tokens']}[/]")
-                    bench_and_report(settings, prompts, output)
+                    results = {}
+                    for i, part in enumerate(size["parts"]):
+                        _step(4, total, f"A/B bench {i + 1}/{len(size['parts'])}: {part.title}")
+                        results[part.folder] = _bench(part, ep, server_pids(server), cfg, output / part.folder)
+                    _step(5, total, "What the benches show")
+                    for line in summary_facts(results):
+                        console.print(f"  {line}", soft_wrap=True)
                 finally:
-                    _step(5, total, "Stopping Triton")
+                    console.print("\n[dim]Stopping Triton...[/]")
         finally:
             status.stop()
     except (BenchError, ServerError, DemoPairError, RepositoryError, ConfigError) as e:

@@ -50,6 +50,7 @@ class TritonPythonModel:
             max_num_tokens=int(params.get("max_num_tokens", "2048")),
             max_queue_size=int(params.get("max_queue_size", "0")),
             on_step=self.gauges.update,
+            on_forward=self.gauges.busy,
         )
 
     def execute(self, requests):
