@@ -108,11 +108,16 @@ def stats_delta(before: Mapping[str, Any], after: Mapping[str, Any], models: Ite
         prev = b.get(name, zero)
         d: dict[str, Any] = {}
         for part in STAT_PARTS:
-            d[part] = {f: a[name][part][f] - prev[part][f] for f in ("count", "ns")}
+            d[part] = {f: _part(a[name], part)[f] - _part(prev, part)[f] for f in ("count", "ns")}
         for f in ("execution_count", "inference_count"):
             d[f] = a[name][f] - prev[f]
         out[name] = d
     return out
+
+
+def _part(entry: Mapping[str, Any], part: str) -> Mapping[str, int]:
+    """One part of a model's stats; records made without it (ENGINE_BUSY is newer than saved results) count 0."""
+    return entry.get(part) or {"count": 0, "ns": 0}
 
 
 def add_deltas(x: Mapping[str, Any], y: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -121,7 +126,7 @@ def add_deltas(x: Mapping[str, Any], y: Mapping[str, Any]) -> dict[str, dict[str
     for name in sorted(set(x) | set(y)):
         zero = {p: {"count": 0, "ns": 0} for p in STAT_PARTS} | {"execution_count": 0, "inference_count": 0}
         a, b = x.get(name, zero), y.get(name, zero)
-        d: dict[str, Any] = {p: {f: a[p][f] + b[p][f] for f in ("count", "ns")} for p in STAT_PARTS}
+        d: dict[str, Any] = {p: {f: _part(a, p)[f] + _part(b, p)[f] for f in ("count", "ns")} for p in STAT_PARTS}
         for f in ("execution_count", "inference_count"):
             d[f] = a[f] + b[f]
         out[name] = d
@@ -131,7 +136,7 @@ def add_deltas(x: Mapping[str, Any], y: Mapping[str, Any]) -> dict[str, dict[str
 def engine_ns(delta: Mapping[str, Any], models: Iterable[str] = ENGINE_MODELS, parts: Iterable[str] = ENGINE_PARTS) -> int:
     """Engine time in a stats delta: compute_input + compute_infer + compute_output of the engine models."""
     parts = tuple(parts)
-    return sum(int(delta[m][p]["ns"]) for m in models if m in delta for p in parts)
+    return sum(int(_part(delta[m], p)["ns"]) for m in models if m in delta for p in parts)
 
 
 def engine_calls(delta: Mapping[str, Any], model: str) -> int:
