@@ -99,6 +99,27 @@ def test_requests_answered_after_a_step_are_regathered_into_the_next(engine):
             t.join(60)
         assert len(out) == 4
         assert len(rows) <= 5, f"the batch split: rows per step {rows}"  # 4 iterations, plus one staggered start
+        # 3 returns each; these prompts are prefixes of one another, so a return can pass for another's
+        assert len(scheduler.returns.delays) >= 8 and scheduler.returns.typical_delay() < 0.05
+    finally:
+        engine.forward = original
+        scheduler.close()
+
+
+def test_clients_that_come_back_late_are_not_waited_for(engine):
+    """A draft engine's clients verify on the target before they draft again: waiting for them would idle the
+    engine for nothing. Once their return delay is measured, the scheduler starts the next step at once."""
+    original = engine.forward
+    engine.forward = lambda segments: (threading.Event().wait(0.02), original(segments))
+    scheduler = BatchScheduler(engine, max_batch_size=4)
+    try:
+        seq = list(PROMPTS[3])
+        for _ in range(6):
+            seq = scheduler.run(EngineRequest(seq, output_len=1)).tokens
+            threading.Event().wait(0.08)  # the round trip elsewhere
+        assert len(scheduler.returns.delays) == 5 and scheduler.returns.typical_delay() >= 0.08
+        # only the first wait, before any return was measured (up to 2 x 5 ms + 1 ms)
+        assert scheduler.stats.regather_wait_s < 0.015, scheduler.stats.regather_wait_s
     finally:
         engine.forward = original
         scheduler.close()

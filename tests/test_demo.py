@@ -40,18 +40,19 @@ def test_demo_help():
 def test_summary_facts_read_the_bench_results():
     from trtspec.commands.demo import summary_facts
 
-    def cell(c, k, tok_s, ratio=None):
+    def cell(c, k, tok_s, ratio=None, paused=0):
         return {"concurrency": c, "num_draft_tokens": k, "speculative": k > 0, "output_tokens_per_s": tok_s,
-                "speedup": None if ratio is None else {"output_tokens_per_s": ratio}}
+                "speedup": None if ratio is None else {"output_tokens_per_s": ratio},
+                "acceptance": {"num_iterations": 40, "load_paused_iterations": paused} if k else None}
 
     results = {
         "grounded": {"cells": [cell(1, 0, 15.0), cell(1, 4, 21.0, 1.4)]},
         "chat": {"cells": [cell(1, 0, 15.0), cell(1, 4, 14.4, 0.96)]},
-        "concurrency": {"cells": [cell(1, 0, 15.0), cell(1, 3, 10.0, 0.67), cell(8, 0, 45.0), cell(8, 3, 20.0, 0.44)],
+        "concurrency": {"cells": [cell(1, 0, 15.0), cell(1, 3, 10.0, 0.67), cell(8, 0, 45.0), cell(8, 3, 44.0, 0.98, 30)],
                         "summary": {"crossover": {"summary": "speculation pays at no measured concurrency"}}},
     }
     text = "\n".join(summary_facts(results))
-    for part in ("1.40x", "0.96x", "c=8: 45.0 tok/s (3.0x)", "c=1: 0.67x, c=8: 0.44x", "pays at no measured"):
+    for part in ("1.40x", "0.96x", "c=8: 45.0 tok/s (3.0x)", "c=1: 0.67x, c=8: 0.98x (drafting off for load in 75% of iterations)", "pays at no measured"):
         assert part in text, part
 
 

@@ -7,18 +7,20 @@ while a step runs joins at the next one; a finished request is answered at once,
 `max_batch_size` bounds the requests in the running batch and `max_num_tokens` the tokens per step; requests
 beyond them wait in FIFO order, and beyond `max_queue_size` waiting ones are refused with QueueFull.
 
-A loop model sends one engine request per iteration, so the requests answered after a step come straight
-back as new ones. Starting the next step at once would run it with whoever came back first and leave the
+A loop model sends one engine request per iteration, so the requests answered after a step come back as new
+ones a moment later. Starting the next step at once would run it with whoever came back first and leave the
 rest for the step after: through Triton the batch splits in two, and halves its throughput. So when requests
 were answered, the next step waits for as many arrivals (Triton's dynamic batcher has the same knob,
-max_queue_delay_microseconds), but not for a request that went elsewhere first (a speculative loop drafts
-before it verifies again): the wait ends at REGATHER_GAP_S without an arrival, and after `regather` of the
-last step's duration or REGATHER_MAX_S at most.
+max_queue_delay_microseconds), but only as long as they typically take to come back, and only when that is
+short beside a step. How long they take is measured (a loop's next request starts with its previous
+input_ids): a baseline loop is back within milliseconds, a speculative one drafts first, and the draft engine's
+clients go to the target before they return, which is too long to wait for.
 """
 
 from __future__ import annotations
 
 import collections
+import statistics
 import sys
 import threading
 import time
@@ -30,8 +32,39 @@ from trtspec.ragged import Segment
 from trtspec.reference_engine import EngineRequest, EngineResult, ReferenceEngine, Steps, cache_nbytes
 
 
-REGATHER_GAP_S = 0.005  # a loop's next request comes within a few ms of its answer (Triton IPC + loop code)
-REGATHER_MAX_S = 0.02
+REGATHER_UNMEASURED_S = 0.005  # assumed until returns are measured: a loop's Triton round trip and its code
+
+
+class Returns:
+    """How soon answered requests come back: a loop's next request starts with the input_ids of its last one
+    (the tokens it accepted follow), so an arrival that extends a recently answered request is its return."""
+
+    TAIL = 8  # tokens of the answered input_ids that identify it, with its length
+    KEEP = 256  # answered requests remembered
+
+    def __init__(self, window: int = 32):
+        self._answered: collections.OrderedDict[tuple, float] = collections.OrderedDict()
+        self.delays: collections.deque[float] = collections.deque(maxlen=window)
+
+    @classmethod
+    def _key(cls, ids: list[int], n: int) -> tuple:
+        return n, tuple(ids[max(0, n - cls.TAIL) : n])
+
+    def answered(self, input_ids: list[int], now: float) -> None:
+        self._answered[self._key(input_ids, len(input_ids))] = now
+        while len(self._answered) > self.KEEP:
+            self._answered.popitem(last=False)
+
+    def arrived(self, input_ids: list[int], now: float) -> None:
+        for n in {n for n, _ in self._answered}:
+            if n <= len(input_ids):
+                answered_at = self._answered.pop(self._key(input_ids, n), None)
+                if answered_at is not None:
+                    self.delays.append(now - answered_at)
+                    return
+
+    def typical_delay(self) -> float:
+        return statistics.median(self.delays) if self.delays else REGATHER_UNMEASURED_S
 
 
 class QueueFull(RuntimeError):
@@ -40,6 +73,7 @@ class QueueFull(RuntimeError):
 
 @dataclass
 class _Job:
+    input_ids: list[int]
     steps: Steps
     future: Future
     segment: Segment | None = None
@@ -54,6 +88,7 @@ class SchedulerStats:
     steps: int = 0
     max_active: int = 0  # the largest running batch seen
     kv_bytes: int = 0  # KV cache held by the running requests after the last step
+    regather_wait_s: float = 0.0  # time the engine waited for answered requests to come back
 
 
 class BatchScheduler:
@@ -77,6 +112,7 @@ class BatchScheduler:
         self.on_forward = on_forward  # the forward pass's duration in ns, before the step's requests are answered
         self.regather = regather
         self._returning = 0  # requests answered after the last step that have not come back yet
+        self.returns = Returns()
         self._last_step_s = 0.0
         self._queue: collections.deque[tuple[EngineRequest, Future]] = collections.deque()
         self._active: list[_Job] = []
@@ -100,6 +136,7 @@ class BatchScheduler:
                     "limits.max_batch_size in the build config"
                 )
             self._queue.append((req, future))
+            self.returns.arrived(req.input_ids, time.monotonic())
             self._returning = max(0, self._returning - 1)
             self.stats.queued = len(self._queue)
             self._wake.notify()
@@ -124,7 +161,7 @@ class BatchScheduler:
                 continue
             try:
                 steps = self.engine.steps(req)
-                job = _Job(steps, future, next(steps))
+                job = _Job(req.input_ids, steps, future, next(steps))
             except Exception as e:  # a request the engine refuses fails alone
                 future.set_exception(e)
                 continue
@@ -146,19 +183,19 @@ class BatchScheduler:
             self._step()
 
     def _regather(self) -> None:
-        """Under the lock: wait (bounded) for the requests answered after the last step to come back."""
-        now = time.monotonic()
-        deadline = now + min(self.regather * self._last_step_s, REGATHER_MAX_S)
-        while self._returning and len(self._active) < self.max_batch_size and not self._stopping:
-            waiting = self._returning
-            left = min(deadline, now + REGATHER_GAP_S) - now
-            if left <= 0:
-                break
-            self._wake.wait(left)
-            self._admit()
-            now = time.monotonic()
-            if self._returning == waiting:  # nobody came within the gap
-                break
+        """Under the lock: wait for the requests answered after the last step to come back, when they
+        typically do so within `regather` of a step; at most twice their typical delay."""
+        delay = self.returns.typical_delay()
+        if self._returning and delay <= self.regather * self._last_step_s:
+            start = time.monotonic()
+            deadline = start + min(self.regather * self._last_step_s, 2 * delay + 0.001)
+            while self._returning and len(self._active) < self.max_batch_size and not self._stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._wake.wait(left)
+                self._admit()
+            self.stats.regather_wait_s += time.monotonic() - start
         self._returning = 0
 
     def _plan(self) -> list[tuple[_Job, Segment]]:
@@ -232,6 +269,7 @@ class BatchScheduler:
         with self._wake:
             self._active.remove(job)
             self._returning += 1
+            self.returns.answered(job.input_ids, time.monotonic())
             self.stats.active = len(self._active)
         if error is not None:
             job.future.set_exception(error)

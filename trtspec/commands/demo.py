@@ -32,7 +32,9 @@ _HELP = """Run trtspec end to end on the shipped demo pair (CPU is fine).
        chat         the same on chat prompts, where the draft pays little:
                     what adaptive speculation costs there;
        concurrency  chat at concurrency 1, 4 and 8, k 0 and 3: throughput as
-                    load grows, and where speculation stops paying;
+                    load grows, where speculation stops paying, and drafting
+                    stepping aside above speculative.max_concurrency (4 in
+                    the demo config);
   5. prints the three facts in one summary and stops Triton.
 
 \b
@@ -154,6 +156,13 @@ def _bench(part: Part, ep: Any, pids: list[int], cfg: Any, output: Path) -> dict
     return bench_and_report(settings, prompts, output)
 
 
+def _paused(cell: dict) -> str:
+    """How much of a speculative cell ran without drafts because of load (speculative.max_concurrency)."""
+    acc = cell.get("acceptance") or {}
+    paused, iterations = acc.get("load_paused_iterations") or 0, acc.get("num_iterations") or 0
+    return f" (drafting off for load in {paused / iterations:.0%} of iterations)" if paused and iterations else ""
+
+
 def summary_facts(results: dict[str, dict]) -> list[str]:
     """One line per bench: the speculative cell's speedup at concurrency 1, and for the load bench the
     baseline's throughput scaling and the speedup at each concurrency."""
@@ -173,7 +182,7 @@ def summary_facts(results: dict[str, dict]) -> list[str]:
     if base and min(base) in base and base[min(base)]:
         c1 = min(base)
         scaling = ", ".join(f"c={c}: {v:.1f} tok/s ({v / base[c1]:.1f}x)" for c, v in sorted(base.items()))
-        spec = ", ".join(f"c={c['concurrency']}: {ratio(c):.2f}x" for c in cells("concurrency")
+        spec = ", ".join(f"c={c['concurrency']}: {ratio(c):.2f}x{_paused(c)}" for c in cells("concurrency")
                          if c["speculative"] and ratio(c))
         lines.append(f"[bold]load[/]      baseline throughput {scaling}; speculative (k=3) vs baseline {spec}")
         crossover = results["concurrency"].get("summary", {}).get("crossover", {}).get("summary")
