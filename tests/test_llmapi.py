@@ -44,6 +44,7 @@ def _cfg(**spec):
         ({"use_draft_logits": True}, "speculative.use_draft_logits"),
         ({"draft_length_policy": "adaptive"}, "speculative.draft_length_policy"),
         ({"max_concurrency": 4}, "llmapi.max_concurrency"),
+        ({"draft_len_schedule": {1: 4, 8: 1}}, "llmapi.draft_len_schedule"),
     ],
 )
 def test_unsupported_settings_are_refused_with_the_reason(spec, words):

@@ -12,6 +12,7 @@ from scipy.stats import chisquare
 
 from conftest import loop_settings
 
+from trtspec.drafters import SOURCES
 from trtspec.loop import EngineCallError, LoopRequest, LoopRequestError, SpeculativeLoop
 from trtspec.reference_engine import EngineRequest, ReferenceEngine, request_from_tensors, result_tensors
 from trtspec.speculative import SamplingParams, probabilities
@@ -114,6 +115,48 @@ def test_drafting_steps_aside_above_max_concurrency(engines):
     load["now"] = 4
     got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=12, num_draft_tokens=3)
     assert got == want and stats.load_paused_iterations == 0 and stats.total_draft_tokens > 0
+
+
+def test_draft_len_schedule_caps_k_by_the_requests_in_flight(engines):
+    """speculative.draft_len_schedule caps each iteration's draft at the entry for the load at that moment (an
+    entry of 0 is a load pause, counted); the output stays the target's."""
+    load = {"now": 5}
+    spec = SpeculativeLoop(loop_settings(draft_len_schedule={4: 2, 8: 0}), _engine_call(engines), lambda: load["now"])
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
+    want, _ = _run(base, prompt=[0, 2, 2], max_tokens=16)
+    got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=16, num_draft_tokens=4)
+    assert got == want and stats.total_draft_tokens > 0 and stats.load_paused_iterations == 0
+    assert len(stats.proposed_per_position) == 2  # never a third draft token at 5 requests in flight
+    load["now"] = 2
+    got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=16, num_draft_tokens=4)
+    assert got == want and len(stats.proposed_per_position) > 2
+    load["now"] = 8
+    got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=16, num_draft_tokens=4)
+    assert got == want and stats.total_draft_tokens == 0 and stats.load_paused_iterations > 0
+
+
+def test_ngram_drafts_go_on_above_max_concurrency_when_asked(engines):
+    """ngram_above_max_concurrency: above the limit the draft model is never called, prompt lookup still
+    drafts, and the iterations where it found nothing count as paused for load; below it both draft."""
+    calls = []
+    call = _engine_call(engines)
+    load = {"now": 5}
+    settings = loop_settings(max_concurrency=4, ngram_above_max_concurrency=True, draft_source="hybrid")
+    spec = SpeculativeLoop(settings, lambda model, t, wanted: calls.append(model) or call(model, t, wanted),
+                           lambda: load["now"])
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), call)
+    prompt = [0, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6]  # repeats itself: prompt lookup proposes 7, 8, ...
+    want, _ = _run(base, prompt=prompt, max_tokens=16)
+    got, stats = _run(spec, prompt=prompt, max_tokens=16, num_draft_tokens=3)
+    assert got == want and "tensorrt_llm_draft" not in calls
+    assert stats.total_draft_tokens > 0 and stats.accepted_by_source[list(SOURCES).index("model")] == 0
+    assert stats.load_paused_iterations > 0
+    # every iteration drafted or was paused for load, but a last one with one token left (it never drafts)
+    assert stats.num_drafts + stats.load_paused_iterations in (stats.num_iterations - 1, stats.num_iterations)
+    load["now"] = 4
+    want, _ = _run(base, prompt=[0, 2, 2], max_tokens=16)
+    got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=16, num_draft_tokens=3)
+    assert got == want and "tensorrt_llm_draft" in calls and stats.load_paused_iterations == 0
 
 
 def test_in_flight_is_shared_between_processes(tmp_path):

@@ -118,6 +118,13 @@ def test_draft_too_large_is_a_warning(tmp_path, tools, models) -> None:
 # ------------------------------------------------------------------------------------------ speculation
 
 
+def test_draft_len_schedule_above_max_draft_len(tmp_path, tools, models) -> None:
+    data = example_config(H100_CFG, {"target": models["8b"], "draft": models["1b"]},
+                          speculative__draft_len_schedule={1: 8, 4: 9})
+    with pytest.raises(ConfigError, match=r"draft_len_schedule: draft lengths \{4: 9\} exceed max_draft_len \(8\)"):
+        parse_config(data)
+
+
 def test_num_draft_tokens_above_max_draft_len(tmp_path, tools, models) -> None:
     data = example_config(H100_CFG, {"target": models["8b"], "draft": models["1b"]}, speculative__num_draft_tokens=12)
     with pytest.raises(ConfigError, match=r"num_draft_tokens \(12\) is larger than max_draft_len \(8\)"):

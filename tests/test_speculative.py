@@ -12,6 +12,7 @@ from trtspec.speculative import (
     SamplingParams,
     find_stop,
     probabilities,
+    scheduled_draft_len,
     speedup_bound,
     verify_by_target_sample,
     verify_greedy,
@@ -107,6 +108,14 @@ def test_fixed_policy_respects_budget():
     assert pol.next_k(remaining=3) == 2  # never past remaining - 1: the target adds a token
     assert pol.next_k(remaining=1) == 0
     assert DraftLengthPolicy(0).next_k(10) == 0
+
+
+def test_draft_len_schedule_caps_k_from_each_batch_size_upward():
+    schedule = {1: 4, 4: 2, 8: 0}
+    assert [scheduled_draft_len(schedule, n, 4) for n in (1, 3, 4, 7, 8, 30)] == [4, 4, 2, 2, 0, 0]
+    assert scheduled_draft_len(schedule, 5, 1) == 1  # a cap, never more than the request's k
+    assert scheduled_draft_len({6: 1}, 2, 3) == 3  # below the smallest entry: k as asked
+    assert scheduled_draft_len(None, 50, 3) == 3
 
 
 def test_adaptive_policy_grows_shrinks_pauses_and_recovers():

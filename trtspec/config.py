@@ -113,6 +113,17 @@ class SpeculativeConfig(_Strict):
         description="drafting stops while more requests than this are in flight in the deployment (they share "
         "the engine's batch, where a draft costs more than it saves); unset: no limit",
     )
+    ngram_above_max_concurrency: bool = Field(
+        default=False,
+        description="above max_concurrency only the draft model steps aside: n-gram (prompt lookup) drafts go on "
+        "(draft_source ngram or hybrid); they cost no engine step, only verify rows where the text repeats itself",
+    )
+    draft_len_schedule: dict[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=0)]] | None = Field(
+        default=None,
+        description="requests in flight -> most draft tokens, e.g. {1: 4, 4: 2, 8: 0}: from each count upward a "
+        "request drafts at most that many (TensorRT-LLM's draft_len_schedule, as a cap on the request's k); "
+        "unset: no cap",
+    )
 
     @model_validator(mode="after")
     def _k_within_max(self) -> "SpeculativeConfig":
@@ -124,6 +135,12 @@ class SpeculativeConfig(_Strict):
             )
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min ({self.ngram_min}) must be <= ngram_max ({self.ngram_max})")
+        over = {n: k for n, k in (self.draft_len_schedule or {}).items() if k > self.max_draft_len}
+        if over:
+            raise ValueError(
+                f"draft_len_schedule: draft lengths {over} exceed max_draft_len ({self.max_draft_len}); "
+                "lower them or raise max_draft_len"
+            )
         return self
 
 
@@ -172,6 +189,8 @@ LLMAPI_REFUSED = {
     "adaptive": "adaptive payoff timing runs in trtspec's loop; with llmapi use llmapi.acceptance_window/_threshold",
     "ngram_min": "TensorRT-LLM's NGram drafter has no minimum n-gram size (only max_matching_ngram_size = ngram_max)",
     "max_concurrency": "with llmapi TensorRT-LLM stops drafting itself: use llmapi.max_concurrency",
+    "ngram_above_max_concurrency": "with llmapi TensorRT-LLM stops drafting itself: use llmapi.max_concurrency",
+    "draft_len_schedule": "with llmapi TensorRT-LLM sets the draft length by batch size itself: use llmapi.draft_len_schedule",
 }
 
 

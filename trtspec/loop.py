@@ -24,7 +24,7 @@ from trtspec.config import SpeculativeConfig
 from trtspec.contract import REQUEST_FIELDS, RequestError
 from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal
 from trtspec.metrics import SpecStats
-from trtspec.speculative import DraftLengthPolicy, PayoffGate, find_stop
+from trtspec.speculative import DraftLengthPolicy, PayoffGate, find_stop, scheduled_draft_len
 from trtspec.triton_io import to_words_list
 
 # (model name, input tensors, requested outputs) -> output tensors; raises EngineCallError on failure
@@ -136,6 +136,15 @@ class SpeculativeLoop:
         self.call = call
         self.in_flight = in_flight
 
+    def _draft_len_at_load(self, k: int) -> tuple[int, bool]:
+        """k under speculative.max_concurrency and draft_len_schedule for the requests in flight now, and
+        whether only drafters that need no engine step (n-gram) may propose (ngram_above_max_concurrency)."""
+        spec, in_flight = self.settings.speculative, self.in_flight()
+        lookup_only = spec.max_concurrency is not None and in_flight > spec.max_concurrency
+        if lookup_only and not spec.ngram_above_max_concurrency:
+            return 0, False
+        return scheduled_draft_len(spec.draft_len_schedule, in_flight, k), lookup_only
+
     # -------------------------------------------------------------- engine requests
 
     def _sampling_tensors(self, req: LoopRequest) -> dict[str, np.ndarray]:
@@ -244,16 +253,19 @@ class SpeculativeLoop:
         failed: set[str] = set()
         while True:
             remaining = req.max_tokens - len(generated)
-            k = policy.next_k(remaining)
-            if k and spec.max_concurrency is not None and self.in_flight() > spec.max_concurrency:
-                k = 0  # the engine's batch is full enough that a draft costs more than it saves
-                stats.load_paused_iterations += 1
-            elif gate is not None and k and gate.wants_plain_step():
+            k, lookup_only = policy.next_k(remaining), False
+            if k and (spec.max_concurrency is not None or spec.draft_len_schedule):
+                # the engine's batch is full enough that a (long) draft costs more than it saves
+                k, lookup_only = self._draft_len_at_load(k)
+                stats.load_paused_iterations += k == 0
+            if gate is not None and k and gate.wants_plain_step():
                 k = 0
             proposal, used = Proposal([]), None
             t_start = time.perf_counter()
             for source, drafter in drafters:
                 if k == 0 or source in failed or (gate is not None and not gate.allows(source)):
+                    continue
+                if lookup_only and SOURCES[source].needs_draft_model:
                     continue
                 try:
                     proposal = drafter.propose(seq, k, req.use_draft_logits and SOURCES[source].gives_logits)
@@ -266,6 +278,7 @@ class SpeculativeLoop:
                     used = source
                     break
             draft = proposal.tokens
+            stats.load_paused_iterations += bool(lookup_only and k and not draft)  # the model would have drafted
             new = self._verify(seq, proposal, verify_common, (req.min_tokens or 0) - len(generated))
             accepted = 0
             while accepted < min(len(draft), len(new)) and new[accepted] == draft[accepted]:

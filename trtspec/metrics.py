@@ -34,7 +34,7 @@ class SpecStats:
     total_accepted_draft_tokens: int = 0
     num_iterations: int = 0  # target calls
     draft_fallbacks: int = 0  # draft calls that failed; the request went on target-only
-    load_paused_iterations: int = 0  # iterations without a draft: more requests in flight than max_concurrency
+    load_paused_iterations: int = 0  # iterations without a draft for load: max_concurrency or draft_len_schedule
     proposed_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     accepted_by_source: list[int] = field(default_factory=lambda: [0] * len(SOURCES))

@@ -7,7 +7,7 @@ reference engine (verification) and by the loop (policy, stop handling). Counter
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -130,6 +130,16 @@ def verify_rejection(
 
 
 # ---------------------------------------------------------------- draft length policy
+
+
+def scheduled_draft_len(schedule: Mapping[int, int] | None, batch_size: int, k: int) -> int:
+    """k under a draft-length schedule (TensorRT-LLM's draft_len_schedule, e.g. {1: 4, 4: 2, 8: 0}: from each
+    batch size in it upward, at most its draft length); k itself without one."""
+    cap = k
+    for size, length in sorted((schedule or {}).items()):
+        if batch_size >= size:
+            cap = length
+    return min(k, cap)
 
 
 @dataclass

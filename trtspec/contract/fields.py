@@ -204,8 +204,9 @@ RESPONSE_STATS: tuple[Stat, ...] = (
     Stat("num_drafts", "INT32", "iterations that proposed draft tokens", counter="spec_decode_num_drafts"),
     Stat("draft_fallbacks", "INT32", "draft calls that failed; the request continued target-only",
          counter="spec_decode_num_fallbacks"),
-    Stat("load_paused_iterations", "INT32", "iterations run without a draft because more requests than "
-         "speculative.max_concurrency were in flight", counter="spec_decode_num_load_paused_iterations"),
+    Stat("load_paused_iterations", "INT32", "iterations run without a draft because of the requests in flight "
+         "(more than speculative.max_concurrency, or a draft_len_schedule entry of 0)",
+         counter="spec_decode_num_load_paused_iterations"),
     Stat("accepted_per_position", "INT32", "accepted draft tokens by position in the draft", vector=True,
          counter="spec_decode_num_accepted_tokens_per_pos", label="position"),
     Stat("proposed_per_position", "INT32", "proposed draft tokens by position in the draft", vector=True,

@@ -31,6 +31,7 @@ from trtspec.config import SpeculativeConfig
 from trtspec.llmapi.fields import version_fields
 from trtspec.loop import Step, LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
 from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors
+from trtspec.speculative import scheduled_draft_len
 
 TARGET, DRAFT = "target", "draft"
 
@@ -232,7 +233,7 @@ class LLM:
             raise ValueError(f"speculative_config.decoding_type {spec.get('decoding_type')!r}: expected one of {sorted(kinds)}")
         self.max_draft_len = int(spec.get("max_draft_len") or 0)
         self.max_concurrency = spec.get("max_concurrency")
-        self.schedule = sorted((int(b), int(k)) for b, k in (spec.get("draft_len_schedule") or {}).items())
+        self.schedule = {int(b): int(k) for b, k in (spec.get("draft_len_schedule") or {}).items()}
         self.window = int(spec.get("acceptance_window") or 0)
         self.threshold = float(spec.get("acceptance_length_threshold") or 0.0)
         self._lengths: list[float] = []
@@ -275,11 +276,7 @@ class LLM:
             return 0
         if self.max_concurrency is not None and batch_size > self.max_concurrency:
             return 0
-        k = self.max_draft_len
-        for b, length in self.schedule:
-            if batch_size >= b:
-                k = length
-        return k
+        return scheduled_draft_len(self.schedule, batch_size, self.max_draft_len)
 
     def record_acceptance(self, stats: Any) -> None:
         if not self.window or not stats.num_drafts:
