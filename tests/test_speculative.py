@@ -10,6 +10,7 @@ from trtspec.speculative import (
     DraftLengthPolicy,
     PayoffGate,
     SamplingParams,
+    draft_len_at_load,
     find_stop,
     probabilities,
     scheduled_draft_len,
@@ -116,6 +117,15 @@ def test_draft_len_schedule_caps_k_from_each_batch_size_upward():
     assert scheduled_draft_len(schedule, 5, 1) == 1  # a cap, never more than the request's k
     assert scheduled_draft_len({6: 1}, 2, 3) == 3  # below the smallest entry: k as asked
     assert scheduled_draft_len(None, 50, 3) == 3
+
+
+def test_draft_len_at_load_stops_drafting_above_max_concurrency_or_keeps_only_lookup():
+    assert draft_len_at_load(4, 4, 4, None) == (4, False)  # at the limit: drafting goes on
+    assert draft_len_at_load(4, 5, 4, None) == (0, False)  # above it: off (TensorRT-LLM, vLLM)
+    assert draft_len_at_load(4, 5, 4, None, ngram_above_max_concurrency=True) == (4, True)
+    assert draft_len_at_load(4, 5, 4, {5: 2}, ngram_above_max_concurrency=True) == (2, True)
+    assert draft_len_at_load(4, 100, None, {1: 3, 8: 0}) == (0, False)  # the schedule alone
+    assert draft_len_at_load(4, 2, None, {1: 3, 8: 0}) == (3, False)
 
 
 def test_adaptive_policy_grows_shrinks_pauses_and_recovers():

@@ -24,7 +24,7 @@ from trtspec.config import SpeculativeConfig
 from trtspec.contract import REQUEST_FIELDS, RequestError
 from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal
 from trtspec.metrics import SpecStats
-from trtspec.speculative import DraftLengthPolicy, PayoffGate, find_stop, scheduled_draft_len
+from trtspec.speculative import DraftLengthPolicy, PayoffGate, draft_len_at_load, find_stop
 from trtspec.triton_io import to_words_list
 
 # (model name, input tensors, requested outputs) -> output tensors; raises EngineCallError on failure
@@ -135,15 +135,6 @@ class SpeculativeLoop:
         self.settings = settings
         self.call = call
         self.in_flight = in_flight
-
-    def _draft_len_at_load(self, k: int) -> tuple[int, bool]:
-        """k under speculative.max_concurrency and draft_len_schedule for the requests in flight now, and
-        whether only drafters that need no engine step (n-gram) may propose (ngram_above_max_concurrency)."""
-        spec, in_flight = self.settings.speculative, self.in_flight()
-        lookup_only = spec.max_concurrency is not None and in_flight > spec.max_concurrency
-        if lookup_only and not spec.ngram_above_max_concurrency:
-            return 0, False
-        return scheduled_draft_len(spec.draft_len_schedule, in_flight, k), lookup_only
 
     # -------------------------------------------------------------- engine requests
 
@@ -256,7 +247,9 @@ class SpeculativeLoop:
             k, lookup_only = policy.next_k(remaining), False
             if k and (spec.max_concurrency is not None or spec.draft_len_schedule):
                 # the engine's batch is full enough that a (long) draft costs more than it saves
-                k, lookup_only = self._draft_len_at_load(k)
+                k, lookup_only = draft_len_at_load(
+                    k, self.in_flight(), spec.max_concurrency, spec.draft_len_schedule, spec.ngram_above_max_concurrency
+                )
                 stats.load_paused_iterations += k == 0
             if gate is not None and k and gate.wants_plain_step():
                 k = 0

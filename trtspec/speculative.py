@@ -142,6 +142,22 @@ def scheduled_draft_len(schedule: Mapping[int, int] | None, batch_size: int, k: 
     return min(k, cap)
 
 
+def draft_len_at_load(
+    k: int,
+    batch_size: int,
+    max_concurrency: int | None,
+    schedule: Mapping[int, int] | None,
+    ngram_above_max_concurrency: bool = False,
+) -> tuple[int, bool]:
+    """k with `batch_size` requests in flight, and whether only drafters that need no engine step (prompt
+    lookup) may propose. Above max_concurrency drafting stops (TensorRT-LLM, vLLM), or, when asked, only the
+    draft model steps aside; otherwise the schedule caps k."""
+    lookup_only = max_concurrency is not None and batch_size > max_concurrency
+    if lookup_only and not ngram_above_max_concurrency:
+        return 0, False
+    return scheduled_draft_len(schedule, batch_size, k), lookup_only
+
+
 @dataclass
 class DraftLengthPolicy:
     """Chooses k for the next iteration of one request.

@@ -31,7 +31,7 @@ from trtspec.config import SpeculativeConfig
 from trtspec.llmapi.fields import version_fields
 from trtspec.loop import Step, LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
 from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors
-from trtspec.speculative import scheduled_draft_len
+from trtspec.speculative import draft_len_at_load
 
 TARGET, DRAFT = "target", "draft"
 
@@ -274,9 +274,7 @@ class LLM:
     def draft_len_for(self, batch_size: int) -> int:
         if self.source is None or self.speculation_off:
             return 0
-        if self.max_concurrency is not None and batch_size > self.max_concurrency:
-            return 0
-        return scheduled_draft_len(self.schedule, batch_size, self.max_draft_len)
+        return draft_len_at_load(self.max_draft_len, batch_size, self.max_concurrency, self.schedule)[0]
 
     def record_acceptance(self, stats: Any) -> None:
         if not self.window or not stats.num_drafts:
