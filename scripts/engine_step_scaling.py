@@ -20,6 +20,8 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+LAYOUTS = ("column-major", "as-stored")
+
 
 def step_ms(engine, rows: int, context: int, steps: int) -> float:
     from transformers import DynamicCache
@@ -47,7 +49,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", default="demo:target", help="a local HF checkpoint or demo:target / demo:draft")
     ap.add_argument("--rows", default="1,8,16", help="batch sizes (one-token rows per step)")
     ap.add_argument("--threads", default="1,2", help="torch thread counts to step with")
-    ap.add_argument("--layouts", default="column-major,as-stored", help="weight layouts to load")
+    ap.add_argument("--layouts", default=",".join(LAYOUTS), help="weight layouts to load")
     ap.add_argument("--context", type=int, default=60)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--reps", type=int, default=2)
@@ -59,11 +61,15 @@ def main() -> None:
     from trtspec.demo_pair import resolve_checkpoint
     from trtspec.reference_engine import ReferenceEngine
 
+    layouts = args.layouts.split(",")
+    unknown = set(layouts) - set(LAYOUTS)
+    if unknown:
+        ap.error(f"--layouts: unknown {', '.join(sorted(unknown))}; use {', '.join(LAYOUTS)}")
     rows = [int(x) for x in args.rows.split(",")]
     threads = [int(x) for x in args.threads.split(",")]
     checkpoint = resolve_checkpoint(args.checkpoint)
     print(f"{checkpoint}: decode step, {args.context} tokens of context per row, best of {args.reps} x {args.steps} steps")
-    for layout in args.layouts.split(","):
+    for layout in layouts:
         torch.set_num_threads(1 if layout == "column-major" else 2)  # tune_for_cpu reads it at load
         engine = ReferenceEngine(checkpoint, device="cpu")
         best: dict[tuple[int, int], float] = {}

@@ -181,6 +181,7 @@ class LlmapiConfig(_Strict):
 
 # Speculative settings the llmapi flavour cannot honour: TensorRT-LLM decides the draft length per batch
 # (draft_len_schedule), samples drafts itself and has no combined n-gram + model source.
+_LLMAPI_STOPS_DRAFTING = "with llmapi TensorRT-LLM stops drafting itself: use llmapi.max_concurrency"
 LLMAPI_REFUSED = {
     "num_draft_tokens": "TensorRT-LLM's LLM API has no per-request draft length; use max_draft_len and llmapi.draft_len_schedule",
     "use_draft_logits": "TensorRT-LLM's two-model path decides rejection sampling itself; leave use_draft_logits out",
@@ -188,8 +189,8 @@ LLMAPI_REFUSED = {
     "with llmapi use llmapi.draft_len_schedule, max_concurrency or acceptance_window",
     "adaptive": "adaptive payoff timing runs in trtspec's loop; with llmapi use llmapi.acceptance_window/_threshold",
     "ngram_min": "TensorRT-LLM's NGram drafter has no minimum n-gram size (only max_matching_ngram_size = ngram_max)",
-    "max_concurrency": "with llmapi TensorRT-LLM stops drafting itself: use llmapi.max_concurrency",
-    "ngram_above_max_concurrency": "with llmapi TensorRT-LLM stops drafting itself: use llmapi.max_concurrency",
+    "max_concurrency": _LLMAPI_STOPS_DRAFTING,
+    "ngram_above_max_concurrency": _LLMAPI_STOPS_DRAFTING,
     "draft_len_schedule": "with llmapi TensorRT-LLM sets the draft length by batch size itself: use llmapi.draft_len_schedule",
 }
 
