@@ -14,7 +14,6 @@ import json
 import os
 import stat
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from trtspec.pipeline.runner import Runner, StepFailed
 from trtspec.cli import cli
 from trtspec.config import parse_config
 from trtspec.machine import Tool, synthetic_machine
+from trtspec.repository import ENSEMBLE
 
 try:
     from tests.test_build_plan import FLAG_SETS
@@ -121,21 +121,20 @@ def env(tmp_path: Path, monkeypatch) -> dict:
     monkeypatch.delenv("STANDIN_FAIL", raising=False)
 
     generated: list[dict] = []
+    from trtspec import repository
+
+    real = repository.generate_repository
 
     def generate_repository(cfg, output_dir, *, target_engine_dir=None, draft_engine_dir=None, trtllm_version=None, kv_cache_fractions=None):  # noqa: E501
-        output_dir = Path(output_dir)
-        for model in ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "spec"):
-            (output_dir / model / "1").mkdir(parents=True)
-            (output_dir / model / "config.pbtxt").write_text(f'name: "{model}"\n')
+        """The real generator, with a record of what the build handed it."""
         generated.append(
-            {"cfg": cfg, "output_dir": output_dir, "target": target_engine_dir, "draft": draft_engine_dir,
+            {"cfg": cfg, "output_dir": Path(output_dir), "target": target_engine_dir, "draft": draft_engine_dir,
              "version": trtllm_version, "kv": kv_cache_fractions}
         )  # fmt: skip
-        return output_dir
+        return real(cfg, output_dir, target_engine_dir=target_engine_dir, draft_engine_dir=draft_engine_dir,
+                    trtllm_version=trtllm_version, kv_cache_fractions=kv_cache_fractions)
 
-    fake = types.ModuleType("trtspec.repository")
-    fake.generate_repository = generate_repository
-    monkeypatch.setitem(sys.modules, "trtspec.repository", fake)
+    monkeypatch.setattr(repository, "generate_repository", generate_repository)
     return {"calls": calls, "generated": generated, "tmp": tmp_path}
 
 
@@ -229,7 +228,7 @@ def test_failed_step_leaves_nothing_finished_and_rerun_resumes_there(tmp_path, e
     assert "convert-target: up to date, skipped" in printed
     assert [r.status for r in result.results] == ["done", "skipped", "skipped", "done", "done", "done"]
     assert sorted(p.name for p in (out / "engines" / "target").iterdir()) == ["config.json", "rank0.engine", "rank1.engine"]
-    assert result.repository == out / "model_repository" and (out / "model_repository" / "spec" / "config.pbtxt").is_file()
+    assert result.repository == out / "model_repository" and (out / "model_repository" / ENSEMBLE / "config.pbtxt").is_file()
 
     # The manifest: versions, GPUs, each step's argv, duration and outputs, engine sizes.
     manifest = json.loads((out / "manifest.json").read_text())
@@ -369,10 +368,10 @@ def test_cli_build_failure_then_resume(tmp_path, env, monkeypatch) -> None:
 
 
 def test_with_the_real_repository_generator(tmp_path, env, monkeypatch) -> None:
-    """End to end through the lead's generator (when present): engine dirs, placement and KV fractions land
-    in the tensorrt_llm-flavour configs, which parse with Triton's ModelConfig protobuf."""
-    monkeypatch.delitem(sys.modules, "trtspec.repository")
-    repository = pytest.importorskip("trtspec.repository")
+    """Engine dirs, placement and KV fractions land in the tensorrt_llm-flavour configs, which parse with Triton's
+    ModelConfig protobuf."""
+    from trtspec import repository
+
     plan = new_plan(tmp_path, tiny_config(tmp_path))
     result, _ = run(plan)
     models = repository.list_models(result.repository)

@@ -232,11 +232,16 @@ def test_validation_rejects_what_the_cluster_would(tmp_path):
     assert validate_object(mon)
 
 
-def test_dry_run_prints_and_writes_nothing(tmp_path):
-    result = CliRunner().invoke(cli, ["k8s", str(H100_8B), "--dry-run", "--gpus", "h100x8"])
+def test_dry_run_prints_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where a relative output folder would land
+    out = tmp_path / "k8s"
+    result = CliRunner().invoke(cli, ["k8s", str(H100_8B), "-o", str(out), "--dry-run", "--gpus", "h100x8"])
     assert result.exit_code == 0, result.output
     assert "# ---- deployment.yaml" in result.output and "kind: HorizontalPodAutoscaler" in result.output
     assert not list(tmp_path.iterdir())
+    # the same command without --dry-run writes there: the check above can fail
+    assert CliRunner().invoke(cli, ["k8s", str(H100_8B), "-o", str(out), "--gpus", "h100x8"]).exit_code == 0
+    assert (out / "deployment.yaml").is_file()
 
 
 def test_help_teaches():
@@ -244,3 +249,33 @@ def test_help_teaches():
     assert result.exit_code == 0
     for words in ("LeaderWorkerSet", "nvidia.com/gpu.product", "--storage", "--no-openai", "build-job.yaml", "exit code 2"):
         assert words in result.output
+
+
+def test_grafana_dashboard_configmap_is_the_checked_in_board_for_the_sidecar(tmp_path):
+    import json
+
+    from trtspec.k8s import dashboard
+
+    rc, out, files = run_k8s(CONFIGS / "demo.yaml", tmp_path / "k8s")
+    assert rc == 0, out
+    (cm,) = files["grafana-dashboard.yaml"]
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (board_json,) = cm["data"].values()
+    board = json.loads(board_json)
+    checked_in = (ROOT / "deploy" / "grafana" / "trtspec-dashboard.json").read_text()
+    assert board_json == checked_in, "deploy/grafana/trtspec-dashboard.json drifted: python -m trtspec.k8s.dashboard > deploy/grafana/trtspec-dashboard.json"
+    titles = {p["title"] for p in board["panels"]}
+    assert {"Acceptance by draft position", "Tokens per target call", "Iterations without a draft, and why",
+            "Mean request latency", "Queue", "Engine busy"} <= titles
+    # every panel queries something, and each query names the model variable the board filters by
+    for p in board["panels"]:
+        if p["type"] != "row":
+            assert p["targets"] and all("$model" in t["expr"] for t in p["targets"]), p["title"]
+
+
+def test_dashboard_query_parser_finds_the_metric_names():
+    from trtspec.k8s.dashboard import queried_metrics
+
+    board = {"panels": [{"targets": [{"expr": 'sum by (model) (rate(a_total{model=~"$m"}[5m])) / sum(rate(b_x[1m]))'},
+                                      {"expr": "sum by (model, state) (gauge_y{model=~\"x\"})"}]}]}
+    assert queried_metrics(board) == {"a_total", "b_x", "gauge_y"}

@@ -60,7 +60,9 @@ def test_greedy_speculative_equals_target_only(engines, k):
         got, stats = _run(spec, prompt=prompt, max_tokens=20, num_draft_tokens=k)
         assert got == want
         assert len(got) == 20
-        assert stats.num_iterations < 20 or stats.total_accepted_draft_tokens == 0
+        # each target call yields its accepted drafts + one token of its own; the last one may be cut to max_tokens
+        yielded = stats.num_iterations + stats.total_accepted_draft_tokens
+        assert yielded >= 20 > yielded - (k + 1), stats
 
 
 def test_target_as_own_draft_accepts_everything(engines):

@@ -245,7 +245,7 @@ def test_errors_have_the_openai_shape_and_the_server_stays_healthy(api, client, 
     long = {**ok, "messages": [{"role": "user", "content": "word " * 400}]}
     _assert_error(api, 400, long, "messages", says=f"limit of {MAX_INPUT_LEN} tokens")
     _assert_error(api, 400, {**ok, "max_tokens": MAX_INPUT_LEN}, "messages", says="max_input_len")
-    for field, value in (("temperature", -1), ("top_p", 0), ("top_p", 1.5), ("max_tokens", 0), ("n", 2),
+    for field, value in (("temperature", -1), ("top_p", 0), ("top_p", 1.5), ("max_tokens", 0), ("n", 0), ("n", 17),
                          ("num_draft_tokens", -1), ("draft_source", "oracle"), ("draft_length_policy", "x")):
         _assert_error(api, 400, {**ok, field: value}, field)
     _assert_error(api, 400, {**ok, "num_draft_tokens": 99}, "num_draft_tokens", says="max_draft_len (4)")
@@ -263,30 +263,95 @@ def test_errors_have_the_openai_shape_and_the_server_stays_healthy(api, client, 
     assert r.choices[0].message.content and r.usage.completion_tokens > 0
 
 
-def _counters(triton) -> tuple[float, float, float]:
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_choices_are_independent_requests_each_equal_to_one_alone(client, triton, tokenizer, name, stream) -> None:
+    want = _ensemble(triton, _chat_prompt(tokenizer, QUESTION)).text
+    kwargs = dict(model=name, messages=[{"role": "user", "content": QUESTION}], max_tokens=MAX_TOKENS, temperature=0, n=2)
+    if not stream:
+        r = client.chat.completions.create(**kwargs)
+        assert [c.index for c in r.choices] == [0, 1]
+        assert [c.message.content for c in r.choices] == [want, want]  # greedy: both equal the ensemble's
+        assert r.usage.completion_tokens == 2 * MAX_TOKENS or r.choices[0].finish_reason == "stop"
+        assert all(c.model_extra["speculative"]["num_iterations"] > 0 for c in r.choices)
+        assert r.model_extra["speculative"]["num_iterations"] == sum(c.model_extra["speculative"]["num_iterations"] for c in r.choices)
+        return
+    texts, finished = {0: "", 1: ""}, set()
+    for chunk in client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finished.add(c.index)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert texts == {0: want, 1: want} and finished == {0, 1}
+    assert usage.completion_tokens == sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in texts.values()) or usage.completion_tokens > 0
+
+
+@pytest.mark.slow
+def test_n_choices_sample_with_their_own_seeds(client, name) -> None:
+    kwargs = dict(model=name, prompt="Once upon a time", max_tokens=MAX_TOKENS, temperature=1.0, seed=7)
+    two = client.completions.create(**kwargs, n=2)
+    again = client.completions.create(**kwargs, n=2)
+    assert [c.text for c in two.choices] == [c.text for c in again.choices]  # reproducible
+    assert two.choices[0].text == client.completions.create(**kwargs).choices[0].text  # choice 0 uses the seed
+    assert two.choices[1].text == client.completions.create(**{**kwargs, "seed": 8}).choices[0].text  # choice 1: seed + 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_returns_the_prompt_before_the_completion(client, name, stream) -> None:
+    prompt = "The capital of France is"
+    plain = client.completions.create(model=name, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0).choices[0].text
+    kwargs = dict(model=name, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, echo=True)
+    if stream:
+        text = "".join(c.choices[0].text for c in client.completions.create(**kwargs, stream=True) if c.choices)
+    else:
+        text = client.completions.create(**kwargs).choices[0].text
+    assert text == prompt + plain
+
+
+def test_the_openapi_document_lists_the_errors_the_server_sends() -> None:
+    from fastapi import FastAPI
+
+    from trtspec.openai.app import create_app
+
+    class _Backend:  # create_app only reads the deployment's name to build the routes
+        deployment = type("D", (), {"name": "x"})()
+
+    app: FastAPI = create_app(_Backend())  # type: ignore[arg-type]
+    doc = app.openapi()
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = doc["paths"][path]["post"]["responses"]
+        assert {"400", "404", "500"} <= set(responses), (path, sorted(responses))
+        assert responses["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    assert "422" not in doc["paths"]["/v1/completions"]["post"]["responses"]  # validation errors are answered as 400
+
+
+def _counters(triton) -> tuple[float, float, float, float]:
     from trtspec.bench.metrics import scrape, value
 
     s = scrape(triton.endpoints.metrics)
     return (value(s, "spec_decode_num_requests", model="speculative"),
             value(s, "spec_decode_num_emitted_tokens", model="speculative"),
-            value(s, "nv_inference_pending_request_count"))
+            value(s, "nv_inference_pending_request_count"),
+            value(s, "spec_decode_num_cancelled_requests", model="speculative"))
 
 
 @pytest.mark.slow
 def test_a_dropped_stream_stops_its_request_in_triton(client, triton, name) -> None:
-    requests_before, emitted_before, _ = _counters(triton)
+    requests_before, emitted_before, _, cancelled_before = _counters(triton)
     stream = client.completions.create(model=name, prompt=COUNTING, max_tokens=200, temperature=0, stream=True)
     for i, _chunk in enumerate(stream):
         if i == 2:
             break
     stream.close()  # the client goes away mid-stream
     dropped = time.monotonic()
-    while _counters(triton)[0] == requests_before:  # the loop records a request when it ends
+    while _counters(triton)[3] == cancelled_before:  # the loop counts the request, then its cancel, when it ends
         assert time.monotonic() - dropped < 30, "the request still runs in Triton after its client left"
         time.sleep(0.2)
-    requests, emitted, pending = _counters(triton)
-    time.sleep(1.5)
-    assert _counters(triton)[:2] == (requests, emitted)  # nothing keeps generating
+    requests, emitted, pending, cancelled = _counters(triton)
+    assert cancelled == cancelled_before + 1  # it ended because its client left, not by finishing
     assert requests == requests_before + 1 and pending == 0
     assert emitted - emitted_before < 40  # the prompt counts on for 100+ tokens: cancelled, not finished
 

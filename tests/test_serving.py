@@ -192,6 +192,16 @@ def test_response_reports_acceptance(server):
     assert len(g.token_ids) <= s.num_iterations + s.total_accepted_draft_tokens
 
 
+def test_every_metric_the_grafana_dashboard_queries_is_exported(server):
+    from trtspec.k8s.dashboard import dashboard, queried_metrics
+
+    _client(server).generate(PROMPTS[6], MAX_TOKENS, num_draft_tokens=3)  # the speculation counters exist from a request on
+    text = urllib.request.urlopen(server.endpoints.metrics, timeout=10).read().decode()
+    exported = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    missing = queried_metrics(dashboard()) - exported
+    assert not missing, f"the dashboard queries metrics the server does not export: {sorted(missing)}"
+
+
 def test_sampling_is_reproducible_with_a_seed(server):
     client = _client(server)
     a = client.generate(PROMPTS[2], MAX_TOKENS, temperature=0.8, top_p=0.95, seed=7, use_draft_logits=True, num_draft_tokens=3)

@@ -25,6 +25,7 @@ from typing import Any, Literal
 import yaml
 
 from trtspec.config import BuildConfig, EngineKind
+from trtspec.k8s import dashboard
 from trtspec.k8s.topology import GPU_PRODUCT_LABEL, GPU_RESOURCE, K8sError, Topology
 from trtspec.repository import ENTRY_MODELS
 from trtspec.server import ServerOptions
@@ -184,6 +185,7 @@ def build_bundle(cfg: BuildConfig, topo: Topology, opts: K8sOptions) -> Bundle:
         Manifest("service.yaml", [b.service()]),
         Manifest("hpa.yaml", [b.hpa()]),
         Manifest("podmonitor.yaml", [b.podmonitor()]),
+        Manifest("grafana-dashboard.yaml", [b.grafana_dashboard()]),
     ]
     if storage == "pvc":
         manifests.append(Manifest("build-job.yaml", [b.build_job()], applied=False))
@@ -483,6 +485,12 @@ class _Builder:
                 "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
             },
         )
+
+    def grafana_dashboard(self) -> dict[str, Any]:
+        """The dashboard (trtspec.k8s.dashboard) as a ConfigMap that Grafana's dashboard sidecar loads."""
+        cm = self.obj("v1", "ConfigMap", "-grafana-dashboard", data={f"{dashboard.UID}.json": dashboard.render()})
+        cm["metadata"]["labels"].update(dashboard.SIDECAR_LABEL)
+        return cm
 
     def adapter_values(self) -> dict[str, Any]:
         """Helm values for prometheus-community/prometheus-adapter: Triton's queue gauge as a per-pod metric."""

@@ -7,6 +7,7 @@ the text ends the request in Triton at once instead of after max_tokens.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -20,8 +21,9 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trtspec.client import request_fields
+from trtspec.metrics import SpecStats
 from trtspec.openai.backend import TritonBackend, TritonStream
-from trtspec.openai.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError, _GenerationRequest
+from trtspec.openai.protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, OpenAIError, _GenerationRequest
 from trtspec.openai.stop import StopMatcher
 
 
@@ -83,8 +85,9 @@ class _Reply:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
-    def choice(self, text: str, ids: list[int] | None, finish_reason: str | None, delta: bool) -> dict[str, Any]:
-        c: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    def choice(self, text: str, ids: list[int] | None, finish_reason: str | None, delta: bool, index: int = 0,
+               **extra: Any) -> dict[str, Any]:
+        c: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason, **extra}
         if self.chat:
             c["delta" if delta else "message"] = {"role": "assistant", "content": text}
         else:
@@ -113,6 +116,20 @@ def create_app(backend: TritonBackend) -> FastAPI:
     app = FastAPI(title=f"trtspec: {deployment.name}", lifespan=lifespan,
                   description="OpenAI-compatible API over a trtspec speculative decoding deployment on Triton")
 
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI documents its own 422 for invalid bodies; this server answers them as 400 (documented)."""
+        if app.openapi_schema is None:
+            schema = default_openapi()
+            for path in schema.get("paths", {}).values():
+                for op in path.values():
+                    op.get("responses", {}).pop("422", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
     @app.exception_handler(OpenAIError)
     async def _openai_error(_request: Request, exc: OpenAIError) -> JSONResponse:
         return _error_response(exc)
@@ -140,15 +157,15 @@ def create_app(backend: TritonBackend) -> FastAPI:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.post("/v1/completions", response_model=None)
+    @app.post("/v1/completions", response_model=None, responses=ERROR_RESPONSES)
     async def completions(req: CompletionRequest) -> Any:
-        return await _generate(req, str(req.prompt), "prompt", chat=False)
+        return await _generate(req, str(req.prompt), "prompt", chat=False, echo=str(req.prompt) if req.echo else "")
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @app.post("/v1/chat/completions", response_model=None, responses=ERROR_RESPONSES)
     async def chat_completions(req: ChatCompletionRequest) -> Any:
         return await _generate(req, backend.render_chat(req.template_messages()), "messages", chat=True)
 
-    async def _generate(req: _GenerationRequest, prompt: str, prompt_param: str, chat: bool) -> Any:
+    async def _generate(req: _GenerationRequest, prompt: str, prompt_param: str, chat: bool, echo: str = "") -> Any:
         triton_model = deployment.models.get(req.model)
         if triton_model is None:
             raise OpenAIError(404, f"model {req.model!r} does not exist; this server serves "
@@ -164,37 +181,102 @@ def create_app(backend: TritonBackend) -> FastAPI:
         if req.num_draft_tokens is not None and req.num_draft_tokens > deployment.max_draft_len:
             raise OpenAIError(400, f"num_draft_tokens {req.num_draft_tokens} is larger than this deployment's "
                                    f"max_draft_len ({deployment.max_draft_len})", param="num_draft_tokens")
-        fields = request_fields(
-            prompt, max_tokens, True, num_draft_tokens=req.num_draft_tokens, use_draft_logits=req.use_draft_logits,
-            temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
-            stop_words=list(req.stop or []) or None, draft_source=req.draft_source,
-            draft_length_policy=req.draft_length_policy, min_tokens=req.min_tokens,
-        )
-        if req.ignore_eos:
-            fields["end_id"] = None
-        out = _Output(list(req.stop or []), max_tokens)
+
+        def fields_of(choice: int) -> dict[str, Any]:
+            # each choice is its own request; with a seed, choice i samples with seed + i (reproducible, distinct)
+            seed = None if req.seed is None else req.seed + choice
+            fields = request_fields(
+                prompt, max_tokens, True, num_draft_tokens=req.num_draft_tokens, use_draft_logits=req.use_draft_logits,
+                temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=seed,
+                stop_words=list(req.stop or []) or None, draft_source=req.draft_source,
+                draft_length_policy=req.draft_length_policy, min_tokens=req.min_tokens,
+            )
+            if req.ignore_eos:
+                fields["end_id"] = None
+            del fields["text_input"]
+            return fields
+
         reply = _Reply(chat, req.model, req.return_token_ids)
-        del fields["text_input"]
-        deltas = out.deltas(backend.generate(triton_model, prompt_ids, fields))
-        # the first response before answering: a request Triton refuses gets its status code, not a broken stream
-        first = await anext(deltas, None)
+        outs = [_Output(list(req.stop or []), max_tokens) for _ in range(req.n)]
+        deltas = [out.deltas(backend.generate(triton_model, prompt_ids, fields_of(i))) for i, out in enumerate(outs)]
+
+        def usage() -> dict[str, int]:
+            completion = sum(len(o.ids) for o in outs)
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+
+        def speculative() -> dict[str, Any]:
+            """The request's acceptance figures: with n > 1, summed over its choices (each choice has its own)."""
+            if len(outs) == 1:
+                return outs[0].stats
+            total = SpecStats.total(SpecStats.from_wire(o.stats) for o in outs)
+            return total.to_wire() | {"acceptance_rate": total.acceptance_rate}
+
+        def per_choice(i: int) -> dict[str, Any]:
+            return {"speculative": outs[i].stats} if len(outs) > 1 else {}
+
+        try:
+            # the first response of each choice before answering: a request Triton refuses gets its status code,
+            # not a broken stream
+            firsts = await asyncio.gather(*(anext(d, None) for d in deltas))
+        except BaseException:
+            await asyncio.gather(*(d.aclose() for d in deltas), return_exceptions=True)
+            raise
         if not req.stream:
-            async for _ in deltas:
-                pass
-            return reply.envelope([reply.choice(out.text, out.ids, out.finish_reason, delta=False)], stream=False,
-                                  usage=out.usage(prompt_tokens), speculative=out.stats)
+            async def drain(d: AsyncIterator[Any]) -> None:
+                async for _ in d:
+                    pass
+
+            try:
+                await asyncio.gather(*(drain(d) for d in deltas))
+            finally:  # a failed choice ends the others in Triton too
+                await asyncio.gather(*(d.aclose() for d in deltas), return_exceptions=True)
+            choices = [reply.choice(echo + o.text, o.ids, o.finish_reason, delta=False, index=i, **per_choice(i))
+                       for i, o in enumerate(outs)]
+            return reply.envelope(choices, stream=False, usage=usage(), speculative=speculative())
+
+        async def merged() -> AsyncIterator[tuple[int, Any]]:
+            """(choice, (text, ids)) as they come, then (choice, None) when that choice has ended."""
+            queue: asyncio.Queue = asyncio.Queue()
+
+            async def pump(i: int) -> None:
+                try:
+                    async for item in deltas[i]:
+                        await queue.put((i, item))
+                    await queue.put((i, None))
+                except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+                    await queue.put((i, e))
+
+            tasks = [asyncio.create_task(pump(i)) for i in range(len(deltas))]
+            try:
+                for _ in range(len(deltas)):
+                    while True:
+                        i, item = await queue.get()
+                        if isinstance(item, BaseException):
+                            raise item
+                        yield i, item
+                        if item is None:
+                            break
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
         async def events() -> AsyncIterator[str]:
+            def chunk(i: int, text: str, ids: list[int] | None, finish: str | None = None, **extra: Any) -> str:
+                return json.dumps(reply.envelope([reply.choice(text, ids, finish, delta=True, index=i)], stream=True, **extra))
+
             try:
-                if first is not None:
-                    yield json.dumps(reply.envelope([reply.choice(*first, None, delta=True)], stream=True))
-                async for text, ids in deltas:
-                    if text or ids:
-                        yield json.dumps(reply.envelope([reply.choice(text, ids, None, delta=True)], stream=True))
-                yield json.dumps(reply.envelope([reply.choice("", [], out.finish_reason, delta=True)], stream=True,
-                                                speculative=out.stats))
+                for i, first in enumerate(firsts):
+                    if echo or first is not None:
+                        text, ids = first if first is not None else ("", [])
+                        yield chunk(i, echo + text, ids)
+                async for i, item in merged():
+                    if item is None:  # the choice's last chunk: why it ended and its acceptance figures
+                        yield chunk(i, "", [], outs[i].finish_reason, speculative=outs[i].stats)
+                    elif item[0] or item[1]:
+                        yield chunk(i, *item)
                 if req.include_usage:
-                    yield json.dumps(reply.envelope([], stream=True, usage=out.usage(prompt_tokens)))
+                    yield json.dumps(reply.envelope([], stream=True, usage=usage()))
             except OpenAIError as e:
                 yield json.dumps(e.body())
             yield "[DONE]"

@@ -1,6 +1,6 @@
 """OpenAI request bodies (pydantic) with trtspec's speculation controls as extra fields, and the error shape.
 
-Only what the deployment can honour is accepted: a value it cannot serve (n > 1, logprobs) is a 400 naming
+Only what the deployment can honour is accepted: a value it cannot serve (logprobs, tools) is a 400 naming
 the field, never silently ignored. Unknown fields are allowed, as OpenAI clients send fields this server does
 not need (`user`, `metadata`, ...).
 """
@@ -27,6 +27,30 @@ class OpenAIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+MAX_CHOICES = 16  # n: choices per request, each a request of its own to the deployment
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="invalid_request_error (4xx) or server_error (5xx)")
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """What every error response carries (OpenAI's error object), in the OpenAPI document."""
+
+    error: ErrorDetail
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "a value the deployment cannot serve, named in `param` (also for "
+          "malformed JSON and values of the wrong type)"},
+    404: {"model": ErrorBody, "description": "the model is not served here (`code`: model_not_found)"},
+    500: {"model": ErrorBody, "description": "the deployment failed while serving the request"},
+}
 
 
 class StreamOptions(BaseModel):
@@ -70,8 +94,8 @@ class _GenerationRequest(BaseModel):
     @field_validator("n")
     @classmethod
     def _n(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError(f"only n=1 is supported (one choice per request), got {v}")
+        if not 1 <= v <= MAX_CHOICES:
+            raise ValueError(f"n must be between 1 and {MAX_CHOICES} (each choice is its own request), got {v}")
         return v
 
     @field_validator("stop")
@@ -84,7 +108,7 @@ class _GenerationRequest(BaseModel):
 
     @model_validator(mode="after")
     def _unsupported(self) -> "_GenerationRequest":
-        for name in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions", "response_format"):
+        for name in ("logprobs", "top_logprobs", "suffix", "tools", "functions", "response_format"):
             if (self.model_extra or {}).get(name) not in (None, False, 0, ""):
                 raise ValueError(f"{name} is not supported by this server")
         return self
@@ -101,6 +125,7 @@ class _GenerationRequest(BaseModel):
 class CompletionRequest(_GenerationRequest):
     prompt: str | list[str]
     max_tokens: int | None = Field(default=None, gt=0)
+    echo: bool = False  # the prompt is returned before the completion, in the choice's text
 
     @field_validator("prompt")
     @classmethod
