@@ -345,7 +345,8 @@ def test_doctor_reports_the_pair_and_the_machine(tmp_path: Path) -> None:
     assert "LlamaForCausalLM" in out and "Model pair" in out and "tokenizer fingerprint" in out
     assert tokenizer_identity(tok)[1][:16] in out
     assert "Machine" in out and "tritonserver" in out and "trtllm-build" in out
-    assert "no problems found" in out or "warning" in out
+    # the demo-shaped pair (draft under a third of the target, same tokenizer) has nothing to warn about
+    assert "no problems found" in out and "ok (0 warning(s))" in out
 
 
 def test_doctor_fails_on_vocab_mismatch_naming_both_sizes(tmp_path: Path) -> None:
