@@ -16,6 +16,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, TypeAdapter, Valida
 
 from trtspec.contract.fields import DRAFT_LENGTH_POLICIES
 from trtspec.drafters import SELECTIONS
+from trtspec.methods import NAMES as METHOD_NAMES, default_method, problems as method_problems
 
 
 class ConfigError(Exception):
@@ -100,6 +101,11 @@ class AdaptivePolicy(_Strict):
 
 
 class SpeculativeConfig(_Strict):
+    method: Literal[METHOD_NAMES] | None = Field(  # type: ignore[valid-type]
+        default=None,
+        description="how the deployment drafts (trtspec/methods.py): draft_model, eagle3 (draft.checkpoint is an "
+        "EAGLE-3 head), mtp (the target's own MTP layers), ngram; default: draft_model with a draft, ngram without",
+    )
     max_draft_len: Annotated[int, Field(ge=1, le=64)] = 8
     num_draft_tokens: Annotated[int, Field(ge=0, le=64)] = 4
     use_draft_logits: bool = False
@@ -154,7 +160,9 @@ class LlmapiConfig(_Strict):
         default=None, description="speculation off above this many requests in flight"
     )
     draft_len_schedule: dict[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=0)]] | None = Field(
-        default=None, description="batch size -> draft length, e.g. {1: 4, 8: 2, 32: 0}; must map 1 to max_draft_len"
+        default=None,
+        description="batch size -> draft length, e.g. {1: 4, 8: 2, 32: 0}, each key a batch size from which its length "
+        "applies upward (speculative.draft_len_schedule's meaning; set one of the two); must map 1 to max_draft_len",
     )
     acceptance_window: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="requests in the rolling mean of acceptance length (0 or unset: off)"
@@ -191,7 +199,6 @@ LLMAPI_REFUSED = {
     "ngram_min": "TensorRT-LLM's NGram drafter has no minimum n-gram size (only max_matching_ngram_size = ngram_max)",
     "max_concurrency": _LLMAPI_STOPS_DRAFTING,
     "ngram_above_max_concurrency": _LLMAPI_STOPS_DRAFTING,
-    "draft_len_schedule": "with llmapi TensorRT-LLM sets the draft length by batch size itself: use llmapi.draft_len_schedule",
 }
 
 
@@ -246,11 +253,16 @@ class BuildConfig(_Strict):
 
     @model_validator(mode="after")
     def _pair(self) -> "BuildConfig":
-        if self.draft is None and self.speculative.draft_source != "ngram":
-            raise ValueError(
-                f"draft is required with speculative.draft_source: {self.speculative.draft_source}; "
-                "add a draft: section or set speculative.draft_source: ngram"
-            )
+        spec = self.speculative
+        explicit = spec.method is not None
+        if not explicit:
+            # Configs written before `method` keep their meaning; set without re-validating (validate_assignment).
+            object.__setattr__(spec, "method", default_method(self.draft is not None, spec.draft_source, self.engine.value))
+        elif spec.method == "ngram" and "draft_source" not in spec.model_fields_set:
+            object.__setattr__(spec, "draft_source", "ngram")
+        bad = method_problems(spec.method, self.engine.value, self.draft is not None, spec.draft_source)
+        if bad:
+            raise ValueError("; ".join(bad))
         if self.draft is not None and self.draft.quantization == "fp8" and self.engine is EngineKind.reference:
             raise ValueError(
                 "draft.quantization: fp8 needs engine: tensorrt_llm or llmapi (the reference engine runs HF weights as they are)"
@@ -279,24 +291,35 @@ class BuildConfig(_Strict):
             )
         if self.target.quantization != "none":
             refused.append("target.quantization: only the draft is quantized by trtspec; give an FP8 HF checkpoint as target.checkpoint instead")
-        if self.draft is not None and spec.draft_source == "model" and self.draft.world_size != 1:
+        if self.draft is not None and spec.method in ("draft_model", "eagle3") and self.draft.world_size != 1:
             refused.append(
-                "draft.tp_size/pp_size: with DraftTarget the draft runs inside the target's LLM with the target's mapping; "
+                "draft.tp_size/pp_size: TensorRT-LLM runs the draft inside the target's LLM with the target's mapping; "
                 "leave them at 1"
             )
+        ids = self.target.gpu_device_ids
+        if ids is not None and ids != list(range(len(ids))):
+            refused.append(
+                f"target.gpu_device_ids: {ids}: TensorRT-LLM's LLM() has no device-id argument and places its ranks on "
+                f"the first {len(ids)} GPU(s) it sees; expose the GPUs you want to the container (docker --gpus "
+                f"'\"device={','.join(map(str, ids))}\"' or CUDA_VISIBLE_DEVICES={','.join(map(str, ids))}) and write "
+                f"gpu_device_ids: {list(range(len(ids)))}, or leave gpu_device_ids out"
+            )
+        lim = self.llmapi or LlmapiConfig()
+        if spec.draft_len_schedule is not None and lim.draft_len_schedule is not None:
+            refused.append("llmapi.draft_len_schedule: set the schedule once, as speculative.draft_len_schedule")
         if refused:
             raise ValueError("engine: llmapi cannot honour these settings:\n    " + "\n    ".join(refused))
-        lim = self.llmapi or LlmapiConfig()
-        sched = lim.draft_len_schedule
+        which = "speculative" if spec.draft_len_schedule is not None else "llmapi"
+        sched = spec.draft_len_schedule or lim.draft_len_schedule
         if sched is not None:
             if sched.get(1) != spec.max_draft_len:
                 raise ValueError(
-                    f"llmapi.draft_len_schedule must map batch size 1 to max_draft_len ({spec.max_draft_len}); "
+                    f"{which}.draft_len_schedule must map batch size 1 to max_draft_len ({spec.max_draft_len}); "
                     f"got {sched.get(1)!r} (TensorRT-LLM enforces schedule[1] == max_draft_len)"
                 )
             over = {b: k for b, k in sched.items() if k > spec.max_draft_len}
             if over:
-                raise ValueError(f"llmapi.draft_len_schedule: draft lengths {over} exceed max_draft_len ({spec.max_draft_len})")
+                raise ValueError(f"{which}.draft_len_schedule: draft lengths {over} exceed max_draft_len ({spec.max_draft_len})")
 
     @property
     def source_dir(self) -> Path | None:
