@@ -274,6 +274,11 @@ def test_ngram_never_beyond_k():
     assert propose(seq, 0) == []
 
 
+def test_ngram_continues_a_loop_past_the_sequences_end():
+    assert propose([5, 1, 2, 1, 2], 5, n_max=2) == [1, 2, 1, 2, 1]  # period 2
+    assert propose([4, 7, 7, 7], 3, n_max=2) == [7, 7, 7]
+
+
 def test_ngram_respects_min_n():
     seq = [1, 2, 3, 9, 3]
     assert propose(seq, 2, n_max=3, n_min=1) == [9, 3]
