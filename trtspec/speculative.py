@@ -236,7 +236,9 @@ class GoodputController:
     request's own drafts; the estimate starts pessimistic (acceptance 0 at the first position, each deeper
     position's prior the one before it), so a fresh deployment starts at k = 0. Costs are the loop's own engine
     calls, timed by k and requests in flight. After `probe_every` iterations without drafting from a source, it
-    is tried once (a probe), so acceptance or load that changes brings drafting back."""
+    is tried once (a probe), so acceptance or load that changes brings drafting back; each probe of the draft
+    model that does not bring it back doubles the request's interval, up to 8 * probe_every (the estimates are shared: other
+    requests probe too)."""
 
     def __init__(self, estimates: Estimates, settings: Any):
         """`settings`: trtspec.config.AdaptivePolicy (probe_every, prior_drafts, request_weight, cost_smoothing,
@@ -246,6 +248,8 @@ class GoodputController:
         self.reached = np.zeros((s, MAX_POSITIONS))
         self.accepted = np.zeros((s, MAX_POSITIONS))
         self.since = dict.fromkeys(ESTIMATED_SOURCES, 0)  # iterations since each source last drafted
+        # iterations between probes of a source: doubles with each probe that does not bring it back (up to 8x)
+        self.probe_interval = dict.fromkeys(ESTIMATED_SOURCES, settings.probe_every)
 
     # -------------------------------------------------------------- estimates
 
@@ -346,8 +350,12 @@ class GoodputController:
                 value = (1.0 + expected) / max(cost, 1e-9)
                 if value > best_value:
                     best, best_value = Choice(source, k), value
+        if best.source is not None:
+            self.probe_interval[best.source] = self.settings.probe_every
         for source, cap in candidates.items():
-            if source != best.source and cap > 0 and self.since[source] >= self.settings.probe_every:
+            if source != best.source and cap > 0 and self.since[source] >= self.probe_interval[source]:
+                if SOURCES[source].needs_draft_model:  # prompt lookup's probes cost a verify row, no engine step
+                    self.probe_interval[source] = min(2 * self.probe_interval[source], 8 * self.settings.probe_every)
                 good = [a >= 0.5 for a in self.acceptance(source, cap)]
                 depth = good.index(False) if not all(good) else cap
                 return Choice(source, max(1, min(cap, depth + 1)), probe=True)
