@@ -183,6 +183,7 @@ def test_controller_is_exact_and_its_k0_iterations_make_no_draft_call(server, ba
         assert sum(g.stats.draft_len_counts) == g.stats.num_iterations
         assert len(g.stats.draft_len_counts) <= 4  # never past the request's num_draft_tokens
     assert _draft_engine_requests(server) - before == sum(g.stats.num_drafts for g in gens)
+    assert _metric(server, "trtspec_controller_verify_seconds") > 0  # its estimates, on /metrics
     # num_draft_tokens 0: served like the baseline, no draft-engine work at all
     before = _draft_engine_requests(server)
     g = client.generate(PROMPTS[0], MAX_TOKENS, num_draft_tokens=0, draft_length_policy="adaptive")
