@@ -39,7 +39,7 @@ class NgramDrafter:
 
 
 def propose_ngram(tokens: Sequence[int], k: int, n_max: int = 3, n_min: int = 1) -> list[int]:
-    """Up to k tokens copied from after the latest earlier match of the longest suffix n-gram; [] if none.
+    """k tokens copied from after the latest earlier match of the longest suffix n-gram; [] if none.
 
     Vectorized: it runs every iteration of the loop, and a Python scan of a 1,000-token sequence that finds
     no match costs about a millisecond, as much as an engine round trip."""
@@ -52,8 +52,11 @@ def propose_ngram(tokens: Sequence[int], k: int, n_max: int = 3, n_min: int = 1)
         windows = np.lib.stride_tricks.sliding_window_view(seq[: L - 1], n)
         hits = np.flatnonzero((windows == seq[L - n :]).all(axis=1))
         if hits.size:
+            # what followed the match; where that runs into the sequence's end, the text repeats with the
+            # match's period (a loop in the output goes on being a loop), so the proposal is still k long
             start = int(hits[-1]) + n
-            return [int(t) for t in seq[start : start + k]]
+            period = L - start
+            return [int(seq[start + (j % period)]) for j in range(k)]
     return []
 
 
