@@ -486,7 +486,8 @@ def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
         ax.set_xlabel("position in the draft (1 = first draft token; position 0 in results.json)")
         ax.set_ylabel("acceptance rate (accepted / proposed)")
         ax.set_title("Acceptance per draft position (all concurrency levels pooled; warm-ups excluded)", fontsize=10)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(out / "acceptance_per_position.png", dpi=120)
