@@ -651,6 +651,10 @@ def _vs_best_fixed(cell: dict[str, Any], best: dict[str, Any] | None) -> str:
     return f"[{'green' if v >= 0.95 else 'red'}]{v:.2f}x[/]"
 
 
+def _policy(best: dict[str, Any]) -> str:
+    return f" {best['draft_length_policy']}" if best.get("draft_length_policy") else ""
+
+
 def best_fixed_line(results: dict[str, Any]) -> str | None:
     """'Best fixed k (hindsight): c=1: k=0 (baseline) ...; adaptive vs best fixed: ...' or None."""
     best_fixed = results["summary"].get("best_fixed") or []
@@ -679,9 +683,10 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         if b["speedup"] is None:
             parts.append(f"c={b['concurrency']}: -")
         elif b["pays"]:
-            parts.append(f"c={b['concurrency']}: k={b['num_draft_tokens']} ({b['speedup']:.2f}x)")
+            parts.append(f"c={b['concurrency']}: k={b['num_draft_tokens']}{_policy(b)} ({b['speedup']:.2f}x)")
         else:
-            parts.append(f"c={b['concurrency']}: baseline (best k={b['num_draft_tokens']} is {b['speedup']:.2f}x)")
+            parts.append(f"c={b['concurrency']}: baseline (best k={b['num_draft_tokens']}{_policy(b)} is "
+                         f"{b['speedup']:.2f}x)")
     lines.append("[bold]Best num_draft_tokens[/]  " + "   ".join(parts))
     lines.append(f"[bold]Crossover[/]  {s['crossover']['summary']}")
     fixed = best_fixed_line(results)
