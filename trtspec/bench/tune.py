@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from trtspec.bench.report import is_fixed_candidate
+from trtspec.config import SpeculativeConfig
 
 
 class TuneError(Exception):
@@ -97,9 +98,9 @@ def apply_schedule(doc: Mapping[str, Any], schedule: Mapping[int, int]) -> Tuned
     if new.get("engine") != "llmapi":
         spec["draft_len_schedule"] = schedule
         top = max(schedule.values())
-        if spec.get("num_draft_tokens", 4) != top:
-            notes.append(f"speculative.num_draft_tokens: {spec.get('num_draft_tokens', 4)} -> {top} (the schedule "
-                         "only caps a request's k)")
+        before = spec.get("num_draft_tokens", _default("num_draft_tokens"))
+        if before != top:
+            notes.append(f"speculative.num_draft_tokens: {before} -> {top} (the schedule only caps a request's k)")
         spec["num_draft_tokens"] = top
         if spec.pop("max_concurrency", None) is not None:
             notes.append("speculative.max_concurrency removed: the schedule's bands decide where drafting stops")
@@ -123,7 +124,7 @@ def apply_schedule(doc: Mapping[str, Any], schedule: Mapping[int, int]) -> Tuned
     if clipped != schedule:
         notes.append(f"draft lengths above the first band's ({first}) lowered to it: TensorRT-LLM requires "
                      "schedule[1] == max_draft_len")
-    old_max = spec.get("max_draft_len", 8)
+    old_max = spec.get("max_draft_len", _default("max_draft_len"))
     if old_max != first:
         notes.append(f"speculative.max_draft_len: {old_max} -> {first} (schedule[1] == max_draft_len)")
     spec["max_draft_len"] = first
@@ -131,6 +132,10 @@ def apply_schedule(doc: Mapping[str, Any], schedule: Mapping[int, int]) -> Tuned
     if lim.pop("max_concurrency", None) is not None:
         notes.append("llmapi.max_concurrency removed: the schedule's bands decide where drafting stops")
     return Tuned(new, clipped, "llmapi", notes)
+
+
+def _default(name: str) -> Any:
+    return SpeculativeConfig.model_fields[name].default
 
 
 def sweep_variant(doc: Mapping[str, Any], k: int | None = None) -> dict[str, Any]:
