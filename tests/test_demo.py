@@ -37,23 +37,42 @@ def test_demo_help():
         assert word in result.output
 
 
-def test_summary_facts_read_the_bench_results():
+def test_summary_facts_compare_the_controller_with_target_only_and_the_best_fixed_k():
     from trtspec.commands.demo import summary_facts
 
-    def cell(c, k, tok_s, ratio=None, paused=0):
-        return {"concurrency": c, "num_draft_tokens": k, "speculative": k > 0, "output_tokens_per_s": tok_s,
+    def cell(c, k, tok_s, ratio=None, policy="adaptive", vs=None, paused=0):
+        base = k == 0
+        return {"concurrency": c, "num_draft_tokens": k, "endpoint": "baseline" if base else "ensemble",
+                "speculative": not base, "output_tokens_per_s": tok_s, "draft_length_policy": None if base else policy,
                 "speedup": None if ratio is None else {"output_tokens_per_s": ratio},
+                "vs_best_fixed": None if vs is None else {"output_tokens_per_s": vs},
                 "acceptance": {"num_iterations": 40, "load_paused_iterations": paused} if k else None}
 
+    def best(c, k, tried):
+        return {"concurrency": c, "num_draft_tokens": k, "tried": tried}
+
     results = {
-        "grounded": {"cells": [cell(1, 0, 15.0), cell(1, 4, 21.0, 1.4)]},
-        "chat": {"cells": [cell(1, 0, 15.0), cell(1, 4, 14.4, 0.96)]},
-        "concurrency": {"cells": [cell(1, 0, 15.0), cell(1, 3, 10.0, 0.67), cell(8, 0, 45.0), cell(8, 3, 44.0, 0.98, 30)],
-                        "summary": {"crossover": {"summary": "speculation pays at no measured concurrency"}}},
+        "grounded": {"cells": [cell(1, 0, 15.0), cell(1, 4, 21.0, 1.4, vs=0.97), cell(1, 4, 21.6, 1.44, "fixed")],
+                     "summary": {"best_fixed": [best(1, 4, [0, 1, 4])]}},
+        "chat": {"cells": [cell(1, 0, 15.0), cell(1, 4, 14.4, 0.96, vs=0.96), cell(1, 1, 14.0, 0.93, "fixed")],
+                 "summary": {"best_fixed": [best(1, 0, [0, 1, 4])]}},
+        "concurrency": {"cells": [cell(1, 0, 15.0), cell(1, 3, 10.0, 0.67, vs=0.67), cell(8, 0, 45.0),
+                                  cell(8, 3, 44.0, 0.98, vs=0.98, paused=30), cell(8, 1, 40.0, 0.89, "fixed")],
+                        "summary": {"best_fixed": [best(1, 0, [0, 1, 3]), best(8, 0, [0, 1, 3])],
+                                    "crossover": {"summary": "speculation pays at no measured concurrency"}}},
     }
-    text = "\n".join(summary_facts(results))
-    for part in ("1.40x", "0.96x", "c=8: 45.0 tok/s (3.0x)", "c=1: 0.67x, c=8: 0.98x (drafting off for load in 75% of iterations)", "pays at no measured"):
+    lines = summary_facts(results)
+    text = "\n".join(lines)
+    for part in ("c=1: [bold]1.40x[/] target-only, [bold]0.97x[/] the best fixed k (k=4)", "(fixed k tried: 0, 1, 4)",
+                 "c=1: [bold]0.96x[/] target-only, [bold]0.96x[/] the best fixed k (k=0, target-only)",
+                 "c=8: 45.0 tok/s (3.0x)", "c=8: [bold]0.98x[/] target-only, [bold]0.98x[/] the best fixed k "
+                 "(k=0, target-only) (drafting off for load in 75% of iterations)", "(fixed k tried: 0, 1, 3)",
+                 "pays at no measured"):
         assert part in text, part
+    assert "1.44x" not in text and "0.93x" not in text  # fixed-k cells are the yardstick, not the subject
+    # a server without fixed-k cells (or an older results.json): target-only only
+    plain = {"grounded": {"cells": [cell(1, 0, 15.0), cell(1, 4, 21.0, 1.4)], "summary": {}}}
+    assert "c=1: [bold]1.40x[/] target-only" in summary_facts(plain)[0] and "best fixed" not in summary_facts(plain)[0]
 
 
 @pytest.mark.slow
@@ -67,15 +86,19 @@ def test_demo_quick_end_to_end(tmp_path):
     assert proc.returncode == 0, output[-4000:]
     for text in ("1/5", "One example completion", "acceptance", "tokens per target call", "A/B bench 1/3",
                  "A/B bench 3/3", "speedup", "Crossover", "What the benches show", "baseline throughput",
-                 "Stopping Triton", "Demo done"):
+                 "the best fixed k", "fixed k tried: 0, 1", "Stopping Triton", "Demo done"):
         assert text in output, text
     assert "Traceback" not in output
-    one = {(1, "baseline", 0), (1, "ensemble", 2)}
-    expected = {"grounded": one, "chat": one, "concurrency": one | {(2, "baseline", 0), (2, "ensemble", 2)}}
+    def one(c):
+        return {(c, "baseline", 0, None), (c, "ensemble", 2, "adaptive"), (c, "ensemble", 1, "fixed")}
+
+    expected = {"grounded": one(1), "chat": one(1), "concurrency": one(1) | one(2)}
     for folder, cells in expected.items():
         res = json.loads((out / folder / "results.json").read_text())
         assert res["summary"]["num_errors"] == 0
-        assert {(c["concurrency"], c["endpoint"], c["num_draft_tokens"]) for c in res["cells"]} == cells
+        assert {(c["concurrency"], c["endpoint"], c["num_draft_tokens"], c["draft_length_policy"])
+                for c in res["cells"]} == cells
+        assert [b["tried"] for b in res["summary"]["best_fixed"]] == [[0, 1]] * len({c[0] for c in cells})
         for c in res["cells"]:
             if c["speculative"]:
                 assert 0.0 <= c["acceptance"]["rate"] <= 1.0
@@ -83,4 +106,5 @@ def test_demo_quick_end_to_end(tmp_path):
             assert (out / folder / name).is_file(), f"{folder}/{name}"
     settings = json.loads((out / "grounded" / "results.json").read_text())["settings"]
     assert settings["draft_source"] == "hybrid" and settings["draft_length_policy"] == "adaptive"
+    assert settings["fixed_k"] == [1]
     assert (out / "triton.log").is_file()

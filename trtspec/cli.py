@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from trtspec import __version__
-from trtspec.commands import bench, bench_loop, build, demo, doctor, infer, k8s, profile, serve
+from trtspec.commands import bench, bench_loop, build, demo, doctor, infer, k8s, profile, serve, tune
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -20,6 +20,7 @@ def cli() -> None:
       trtspec serve OUTPUT/model_repository
       trtspec infer "prompt" --stream
       trtspec bench --concurrency 1,4 --draft-tokens 0,2,4
+      trtspec tune CONFIG            the best k per load, written as its schedule
       trtspec k8s CONFIG -o k8s/     Kubernetes manifests, autoscaled
 
     `trtspec demo` runs all of it on the shipped demo pair on CPU.
@@ -27,7 +28,7 @@ def cli() -> None:
     """
 
 
-for _module in (build, doctor, serve, infer, bench, bench_loop, profile, demo, k8s):
+for _module in (build, doctor, serve, infer, bench, bench_loop, tune, profile, demo, k8s):
     cli.add_command(_module.command)
 
 

@@ -4,6 +4,10 @@ Speedup of a cell = its total output tokens/s over the baseline's at the same co
 so it is also the ratio of the wall times). The best k at a concurrency is the speculative cell (k > 0) with
 the highest speedup; speculation "pays" there when that speedup is > 1. The crossover is
 ``trtspec.bench.stats.crossover`` of those best speedups.
+
+Best fixed k in hindsight at a concurrency: among the baseline (k=0) and the speculative cells run with
+draft_length_policy fixed, the one with the highest output tokens/s (a tie goes to the smaller k). Every
+speculative-endpoint cell at that concurrency gets ``vs_best_fixed``: its output tokens/s over that cell's.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 
 from trtspec import __version__
 from trtspec.bench import stats as st
-from trtspec.bench.runner import BASELINE, BenchRun, CellRun, RequestRecord
+from trtspec.bench.runner import BASELINE, BenchRun, CellRun, RequestRecord, cell_policy
 from trtspec.metrics import SpecStats
 
 SCHEMA_VERSION = 1
@@ -78,7 +82,29 @@ def _acceptance(ok: list[RequestRecord]) -> dict[str, Any]:
     }
 
 
-def cell_entry(run: CellRun, max_tokens: int) -> dict[str, Any]:
+def draft_len_counts(records: list[RequestRecord]) -> list[int] | None:
+    """Iterations per draft length k chosen (entry k), summed over the requests; None when no response carried
+    the statistic (a server older than the per-response `draft_len_counts`)."""
+    vectors = [v for v in (getattr(r.stats, "draft_len_counts", None) for r in records) if v]
+    if not vectors:
+        return None
+    out = [0] * max(len(v) for v in vectors)
+    for v in vectors:
+        for k, n in enumerate(v):
+            out[k] += int(n)
+    return out
+
+
+def k_chosen(counts: list[int] | None) -> dict[str, Any] | None:
+    """Mean k and the share of iterations at k=0, from the summed draft_len_counts of a cell."""
+    total = sum(counts or [])
+    if not total:
+        return None
+    return {"iterations": total, "mean": sum(k * n for k, n in enumerate(counts)) / total,
+            "k0_fraction": counts[0] / total, "counts": counts}
+
+
+def cell_entry(run: CellRun, max_tokens: int, policy: str | None = None) -> dict[str, Any]:
     recs = run.records
     ok = [r for r in recs if r.error is None]
     ttft, e2e, tpot, per_user, overhead, overhead_frac, itl_tok, itl_chunk = ([] for _ in range(8))
@@ -104,6 +130,7 @@ def cell_entry(run: CellRun, max_tokens: int) -> dict[str, Any]:
         "num_draft_tokens": c.num_draft_tokens,
         "endpoint": c.endpoint,
         "speculative": c.speculative,
+        "draft_length_policy": policy,
         "num_requests": len(recs),
         "num_ok": len(ok),
         "num_errors": len(recs) - len(ok),
@@ -125,7 +152,9 @@ def cell_entry(run: CellRun, max_tokens: int) -> dict[str, Any]:
         "client_overhead_s": st.describe(overhead),
         "client_overhead_fraction": st.describe(overhead_frac),
         "acceptance": _acceptance(ok) if c.endpoint != BASELINE else None,
+        "k_chosen": k_chosen(draft_len_counts(ok)) if c.endpoint != BASELINE else None,
         "speedup": None,  # filled by build_results (None for the baseline itself)
+        "vs_best_fixed": None,  # filled by build_results where fixed k were run at this concurrency
     }
 
 
@@ -145,6 +174,42 @@ def _add_speedups(cells: list[dict[str, Any]]) -> None:
         }
 
 
+def is_fixed_candidate(c: dict[str, Any]) -> bool:
+    """The baseline (k=0) and the speculative cells whose requests fixed k."""
+    return c["endpoint"] == BASELINE or (c["speculative"] and c.get("draft_length_policy") == "fixed")
+
+
+def best_fixed_k(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per concurrency where at least one fixed k > 0 ran: the best fixed k in hindsight (module docstring)."""
+    out = []
+    for conc in sorted({c["concurrency"] for c in cells}):
+        cands = [c for c in cells if c["concurrency"] == conc and is_fixed_candidate(c)
+                 and c["output_tokens_per_s"] is not None]
+        if not any(c["speculative"] for c in cands):
+            continue
+        best = max(cands, key=lambda c: (c["output_tokens_per_s"], -c["num_draft_tokens"]))
+        base = next((c for c in cands if c["endpoint"] == BASELINE), None)
+        out.append({
+            "concurrency": conc,
+            "num_draft_tokens": best["num_draft_tokens"],
+            "label": best["label"],
+            "output_tokens_per_s": best["output_tokens_per_s"],
+            "speedup": st.speedup(best["output_tokens_per_s"], base["output_tokens_per_s"]) if base else None,
+            "tried": sorted(c["num_draft_tokens"] for c in cands),
+        })
+    return out
+
+
+def _add_vs_best_fixed(cells: list[dict[str, Any]], best_fixed: list[dict[str, Any]]) -> None:
+    by_conc = {b["concurrency"]: b for b in best_fixed}
+    for c in cells:
+        b = by_conc.get(c["concurrency"])
+        if b is None or c["endpoint"] == BASELINE:
+            continue
+        c["vs_best_fixed"] = {"output_tokens_per_s": st.speedup(c["output_tokens_per_s"], b["output_tokens_per_s"]),
+                              "best_num_draft_tokens": b["num_draft_tokens"]}
+
+
 def _best(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for conc in sorted({c["concurrency"] for c in cells}):
@@ -157,15 +222,18 @@ def _best(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         best = max(spec, key=lambda c: c["speedup"]["output_tokens_per_s"])
         s = best["speedup"]["output_tokens_per_s"]
         out.append({"concurrency": conc, "num_draft_tokens": best["num_draft_tokens"], "speedup": s,
-                    "pays": s > 1.0, "num_requests": best["num_ok"]})
+                    "pays": s > 1.0, "num_requests": best["num_ok"],
+                    "draft_length_policy": best.get("draft_length_policy")})
     return out
 
 
 def build_results(run: BenchRun) -> dict[str, Any]:
     s = run.settings
-    cells = [cell_entry(c, s.max_tokens) for c in run.cells]
+    cells = [cell_entry(c, s.max_tokens, cell_policy(s, c.cell)) for c in run.cells]
     _add_speedups(cells)
     best = _best(cells)
+    best_fixed = best_fixed_k(cells)
+    _add_vs_best_fixed(cells, best_fixed)
     cross = st.crossover({b["concurrency"]: b["speedup"] for b in best})
     measured = [r for c in run.cells for r in c.records]
     fracs = [r.client_overhead_s / r.e2e_s for r in measured if r.error is None and r.e2e_s > 0]
@@ -190,6 +258,7 @@ def build_results(run: BenchRun) -> dict[str, Any]:
             "concurrency": sorted(set(s.concurrency)),
             "draft_tokens": sorted(set(s.draft_tokens) | {0}),
             "k0_on_ensemble": s.k0_on_ensemble,
+            "fixed_k": sorted(set(s.fixed_k)),
             "draft_source": s.draft_source,
             "draft_length_policy": s.draft_length_policy,
             "requests_per_cell": s.requests_per_cell,
@@ -204,6 +273,7 @@ def build_results(run: BenchRun) -> dict[str, Any]:
             "num_warmup": sum(len(c.warmups) for c in run.cells),
             "num_errors": sum(c["num_errors"] for c in cells),
             "best": best,
+            "best_fixed": best_fixed,
             "crossover": cross,
             "acceptance": _acceptance(spec_ok) | {"num_requests": len(spec_ok)},
             "client_overhead_fraction": st.describe(fracs),
@@ -416,7 +486,8 @@ def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
         ax.set_xlabel("position in the draft (1 = first draft token; position 0 in results.json)")
         ax.set_ylabel("acceptance rate (accepted / proposed)")
         ax.set_title("Acceptance per draft position (all concurrency levels pooled; warm-ups excluded)", fontsize=10)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(out / "acceptance_per_position.png", dpi=120)
@@ -450,6 +521,42 @@ def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
         fig.savefig(out / "latency.png", dpi=120)
         plt.close(fig)
         files["plot_latency"] = "latency.png"
+
+    # 5. the k the deployment chose, by concurrency (the responses' draft_len_counts, summed per cell)
+    chosen = [c for c in cells if c.get("k_chosen")]
+    if chosen:
+        fig, (mean_ax, off_ax) = plt.subplots(1, 2, figsize=(11, 4.5))
+        series = sorted({(c["num_draft_tokens"], c.get("draft_length_policy") or "") for c in chosen})
+        concs = sorted({c["concurrency"] for c in cells})
+        for k, policy in series:
+            mine = sorted((c for c in chosen if (c["num_draft_tokens"], c.get("draft_length_policy") or "") == (k, policy)),
+                          key=lambda c: c["concurrency"])
+            label = f"k={k}" + (f" {policy}" if policy else "")
+            xs = [c["concurrency"] for c in mine]
+            mean_ax.plot(xs, [c["k_chosen"]["mean"] for c in mine], marker="o", label=label)
+            off_ax.plot(xs, [c["k_chosen"]["k0_fraction"] for c in mine], marker="o", label=label)
+            for c in mine:
+                mean_ax.annotate(f"{c['k_chosen']['iterations']} it", (c["concurrency"], c["k_chosen"]["mean"]),
+                                 textcoords="offset points", xytext=(4, 4), fontsize=7)
+        for b in results["summary"].get("best_fixed") or []:
+            mean_ax.scatter([b["concurrency"]], [b["num_draft_tokens"]], marker="*", s=120, color="black", zorder=3)
+        mean_ax.scatter([], [], marker="*", s=120, color="black", label="best fixed k (hindsight)")
+        for ax, title, ylabel in ((mean_ax, "mean k chosen per iteration", "draft length k"),
+                                  (off_ax, "share of iterations with k=0", "fraction of iterations")):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(concs, [str(c) for c in concs])
+            ax.set_xlabel("concurrency (requests in flight)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(title, fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        off_ax.set_ylim(-0.05, 1.05)
+        fig.suptitle("Draft length chosen by the deployment (responses' draft_len_counts; warm-ups excluded)",
+                     fontsize=10)
+        fig.tight_layout()
+        fig.savefig(out / "k_chosen.png", dpi=120)
+        plt.close(fig)
+        files["plot_k_chosen"] = "k_chosen.png"
     return files
 
 
@@ -484,8 +591,9 @@ def table(results: dict[str, Any]) -> Any:
                     "n = measured requests per cell, warm-ups excluded",
               title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     any_errors = any(c["num_errors"] for c in results["cells"])
-    columns = ["c", "k", "n", "tok/s", "speedup", "TTFT\np50", "ITL\np50", "E2E\np50", "E2E\np90",
-               "accept", "tok/\ncall"] + (["err"] if any_errors else [])
+    best_fixed = {b["concurrency"]: b for b in results["summary"].get("best_fixed") or []}
+    columns = ["c", "k", "n", "tok/s", "speedup"] + (["vs best\nfixed k"] if best_fixed else []) + [
+        "TTFT\np50", "ITL\np50", "E2E\np50", "E2E\np90", "accept", "tok/\ncall"] + (["err"] if any_errors else [])
     for name in columns:
         t.add_column(name, justify="right", no_wrap=True)
     best = {(b["concurrency"], b["num_draft_tokens"]) for b in results["summary"]["best"] if b["pays"]}
@@ -505,8 +613,14 @@ def table(results: dict[str, Any]) -> Any:
                     "green" if v > 1 else "red")
                 sp = f"[{style}]{sp}[/]"
         acc = c["acceptance"] or {}
+        extra = []
+        if best_fixed:
+            policy = c.get("draft_length_policy")
+            if c["endpoint"] != BASELINE and policy:
+                k = f"{k} {policy[:5]}"
+            extra = [_vs_best_fixed(c, best_fixed.get(c["concurrency"]))]
         row = [
-            str(c["concurrency"]), k, str(c["num_ok"]), _num(c["output_tokens_per_s"]), sp,
+            str(c["concurrency"]), k, str(c["num_ok"]), _num(c["output_tokens_per_s"]), sp, *extra,
             _dur(c["ttft_s"]["p50"]), _dur(c["itl_token_s"]["p50"]), _dur(c["e2e_s"]["p50"]), _dur(c["e2e_s"]["p90"]),
             _num(acc.get("rate"), "{:.0%}") if c["speculative"] else "-",
             _num(acc.get("tokens_per_target_call"), "{:.2f}") if c["speculative"] else "-",
@@ -514,10 +628,50 @@ def table(results: dict[str, Any]) -> Any:
         if any_errors:
             row.append(f"[red]{c['num_errors']}[/]" if c["num_errors"] else "0")
         t.add_row(*row)
+    captions = []
     if any(c["endpoint"] != BASELINE and not c["speculative"] for c in results["cells"]):
-        t.caption = "k=0*: the speculative endpoint with drafting off (the loop's own overhead)"
+        captions.append("k=0*: the speculative endpoint with drafting off (the loop's own overhead)")
+    if best_fixed:
+        captions.append("vs best fixed k: tok/s over the best of the baseline and the fixed-k cells at that "
+                        "concurrency (marked best)")
+    if captions:
+        t.caption = "\n".join(captions)
         t.caption_justify = "left"
     return t
+
+
+def _vs_best_fixed(cell: dict[str, Any], best: dict[str, Any] | None) -> str:
+    if best is None:
+        return "-"
+    if cell["label"] == best["label"]:
+        return "[bold]best[/]"
+    v = (cell.get("vs_best_fixed") or {}).get("output_tokens_per_s")
+    if v is None:
+        return "-"
+    return f"[{'green' if v >= 0.95 else 'red'}]{v:.2f}x[/]"
+
+
+def _policy(best: dict[str, Any]) -> str:
+    return f" {best['draft_length_policy']}" if best.get("draft_length_policy") else ""
+
+
+def best_fixed_line(results: dict[str, Any]) -> str | None:
+    """'Best fixed k (hindsight): c=1: k=0 (baseline) ...; adaptive vs best fixed: ...' or None."""
+    best_fixed = results["summary"].get("best_fixed") or []
+    if not best_fixed:
+        return None
+    parts = []
+    for b in best_fixed:
+        k = "k=0 (baseline)" if b["num_draft_tokens"] == 0 else f"k={b['num_draft_tokens']}"
+        parts.append(f"c={b['concurrency']}: {k}, {_num(b['speedup'], '{:.2f}x')}")
+    tried = sorted({k for b in best_fixed for k in b["tried"]})
+    line = (f"[bold]Best fixed k[/] (in hindsight, of k {', '.join(map(str, tried))})  " + "   ".join(parts))
+    others = [c for c in results["cells"] if c.get("vs_best_fixed") and c["speculative"]
+              and c.get("draft_length_policy") != "fixed"]
+    if others:
+        line += "\n[bold]vs best fixed k[/]  " + "   ".join(
+            f"{c['label']}: {_num(c['vs_best_fixed']['output_tokens_per_s'], '{:.2f}x')}" for c in others)
+    return line
 
 
 def summary_lines(results: dict[str, Any]) -> list[str]:
@@ -529,11 +683,15 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         if b["speedup"] is None:
             parts.append(f"c={b['concurrency']}: -")
         elif b["pays"]:
-            parts.append(f"c={b['concurrency']}: k={b['num_draft_tokens']} ({b['speedup']:.2f}x)")
+            parts.append(f"c={b['concurrency']}: k={b['num_draft_tokens']}{_policy(b)} ({b['speedup']:.2f}x)")
         else:
-            parts.append(f"c={b['concurrency']}: baseline (best k={b['num_draft_tokens']} is {b['speedup']:.2f}x)")
+            parts.append(f"c={b['concurrency']}: baseline (best k={b['num_draft_tokens']}{_policy(b)} is "
+                         f"{b['speedup']:.2f}x)")
     lines.append("[bold]Best num_draft_tokens[/]  " + "   ".join(parts))
     lines.append(f"[bold]Crossover[/]  {s['crossover']['summary']}")
+    fixed = best_fixed_line(results)
+    if fixed:
+        lines.append(fixed)
     acc = s["acceptance"]
     if acc["num_requests"]:
         lines.append(f"[bold]Acceptance[/]  {_num(acc['rate'], '{:.1%}')} of {acc['num_draft_tokens']} draft tokens, "

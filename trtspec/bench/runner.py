@@ -51,6 +51,7 @@ class BenchSettings:
     requests_per_cell: int = 16
     warmup: int = 2  # per cell
     k0_on_ensemble: bool = False
+    fixed_k: Sequence[int] = ()  # also run these k with draft_length_policy fixed: the "best fixed k" candidates
     draft_source: str | None = None  # model | ngram | hybrid for the speculative cells; None: the deployment's
     draft_length_policy: str | None = None  # fixed | adaptive for the speculative cells; None: the deployment's
     metrics_url: str | None = None  # None: Triton's default (port 8002 of the --url host); "" or "none": no check
@@ -70,6 +71,8 @@ class BenchSettings:
             raise BenchError(f"concurrency levels must be >= 1, got {list(self.concurrency)}")
         if not self.draft_tokens or min(self.draft_tokens) < 0:
             raise BenchError(f"num_draft_tokens values must be >= 0, got {list(self.draft_tokens)}")
+        if self.fixed_k and min(self.fixed_k) < 0:
+            raise BenchError(f"fixed k values must be >= 0, got {list(self.fixed_k)}")
         if self.requests_per_cell < 1:
             raise BenchError(f"requests per cell must be >= 1, got {self.requests_per_cell}")
         if self.warmup < 0:
@@ -92,6 +95,7 @@ class Cell:
     concurrency: int
     num_draft_tokens: int
     endpoint: str  # ensemble | baseline
+    policy: str | None = None  # "fixed" for a best-fixed-k candidate; None: the run's draft_length_policy
 
     @property
     def speculative(self) -> bool:
@@ -102,19 +106,31 @@ class Cell:
     def label(self) -> str:
         if self.endpoint == BASELINE:
             return f"c={self.concurrency} baseline"
-        return f"c={self.concurrency} k={self.num_draft_tokens}" + ("" if self.num_draft_tokens else " (ensemble)")
+        return (f"c={self.concurrency} k={self.num_draft_tokens}" + ("" if self.num_draft_tokens else " (ensemble)")
+                + (f" {self.policy}" if self.policy else ""))
+
+
+def cell_policy(settings: BenchSettings, cell: Cell) -> str | None:
+    """The draft_length_policy a cell's requests carry (None: the deployment's own)."""
+    if cell.endpoint != ENSEMBLE:
+        return None
+    return cell.policy or settings.draft_length_policy
 
 
 def plan_cells(settings: BenchSettings) -> list[Cell]:
-    """Cells in run order: by concurrency, the baseline first, then k ascending. The baseline runs at every
-    concurrency even when 0 is not among the draft-token values: every speedup needs it."""
+    """Cells in run order: by concurrency, the baseline first, then k ascending, then the fixed-k candidates
+    (--fixed-k) that the k cells do not already cover. The baseline runs at every concurrency even when 0 is
+    not among the draft-token values: every speedup needs it, and it is the k=0 candidate of "best fixed k"."""
     ks = sorted({k for k in settings.draft_tokens if k > 0})
+    covered = set(ks) if settings.draft_length_policy == "fixed" else set()
+    fixed = sorted({k for k in settings.fixed_k if k > 0} - covered)
     cells = []
     for c in sorted(set(settings.concurrency)):
         cells.append(Cell(c, 0, BASELINE))
         if settings.k0_on_ensemble:
             cells.append(Cell(c, 0, ENSEMBLE))
         cells.extend(Cell(c, k, ENSEMBLE) for k in ks)
+        cells.extend(Cell(c, k, ENSEMBLE, "fixed") for k in fixed)
     return cells
 
 
@@ -334,8 +350,9 @@ def _one_request(
     params = {"num_draft_tokens": cell.num_draft_tokens} if cell.endpoint == ENSEMBLE else {}
     if cell.endpoint == ENSEMBLE and settings.draft_source:
         params["draft_source"] = settings.draft_source
-    if cell.endpoint == ENSEMBLE and settings.draft_length_policy:
-        params["draft_length_policy"] = settings.draft_length_policy
+    policy = cell_policy(settings, cell)
+    if policy:
+        params["draft_length_policy"] = policy
     params.update(extra or {})
     rec = RequestRecord(cell, index, warmup, prompt, start=time.perf_counter())
     times, tokens = rec.chunk_times, rec.chunk_tokens

@@ -34,6 +34,14 @@ names the best k per concurrency and the crossover: the concurrency above
 which speculation stops paying.
 
 \b
+With --fixed-k the run also measures fixed draft lengths, and every other
+cell (the adaptive policy, say) gets "vs best fixed k": its tokens/s over
+the best of the baseline and those fixed k at its concurrency, the k you
+would have picked knowing the results. Where the responses carry
+draft_len_counts, k_chosen.png plots the k the deployment chose per
+iteration against concurrency.
+
+\b
 Before and after the run it reads Triton's metrics endpoint and checks that
 the spec_decode_* counters moved by exactly what the responses reported.
 
@@ -42,7 +50,8 @@ Output: a table here, and in --output DIR: results.json (field names:
 docs/bench-results.md), results.csv (one row per cell), requests.csv (one
 row per request), speedup.png, throughput.png (total and per-user tokens/s
 by concurrency, crossover marked), acceptance_per_position.png, latency.png,
-and with --profile a GPU (or, without NVIDIA driver, CPU/RSS) timeline.
+k_chosen.png, and with --profile a GPU (or, without NVIDIA driver, CPU/RSS)
+timeline.
 
 \b
 Examples:
@@ -53,6 +62,7 @@ Examples:
   trtspec bench --prompts my_prompts.jsonl --max-tokens 128 --profile
   trtspec bench --config build_configs/demo.yaml --requests 4   # own server
   trtspec bench --api openai --url localhost:9000                # through the OpenAI API
+  trtspec bench --draft-tokens 6 --draft-length-policy adaptive --fixed-k 0,1,2,3,4,6
 
 \b
 Soak (--soak MINUTES): instead of the sweep, --soak-streams clients send
@@ -138,6 +148,11 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
 @click.option("--draft-length-policy", type=click.Choice(field_by_name("draft_length_policy").choices), default=None,
               help="fixed: exactly k draft tokens per iteration (what a k sweep measures); adaptive: k adapts and "
                    "a draft source that does not pay is skipped. Default: the deployment's draft_length_policy.")
+@click.option("--fixed-k", default=None, metavar="LIST",
+              help="Also run the speculative endpoint with draft_length_policy fixed at each of these k (0 is the "
+                   "baseline, always run), and report every other cell against the best of them in hindsight at "
+                   "its concurrency: 'vs best fixed k'. E.g. --draft-tokens 6 --draft-length-policy adaptive "
+                   "--fixed-k 0,1,2,3,4,6.")
 @click.option("--k0-on-ensemble", is_flag=True,
               help="Also run the speculative endpoint with num_draft_tokens=0 (drafting off): its speedup over "
                    "the baseline (~1) is the speculative loop's own overhead.")
@@ -180,6 +195,7 @@ def bench(
     draft_tokens: str,
     draft_source: str | None,
     draft_length_policy: str | None,
+    fixed_k: str | None,
     k0_on_ensemble: bool,
     requests_per_cell: int,
     warmup: int,
@@ -220,6 +236,7 @@ def bench(
         requests_per_cell=requests_per_cell,
         warmup=warmup,
         k0_on_ensemble=k0_on_ensemble,
+        fixed_k=_int_list("--fixed-k", fixed_k, 0) if fixed_k is not None else (),
         draft_source=draft_source,
         draft_length_policy=draft_length_policy,
         metrics_url=metrics_url,
@@ -309,10 +326,11 @@ def _bench_own_server(config_path: Path, settings: Any, prompts: Sequence[Any], 
     except ConfigError as e:
         raise UserError(escape(str(e))) from None
     check_local(cfg)  # before anything is written
-    too_long = [k for k in settings.draft_tokens if k > cfg.speculative.max_draft_len]
-    if too_long:
-        raise UserError(f"--draft-tokens {', '.join(map(str, too_long))}: larger than this config's "
-                        f"speculative.max_draft_len ({cfg.speculative.max_draft_len})")
+    for option, ks in (("--draft-tokens", settings.draft_tokens), ("--fixed-k", settings.fixed_k)):
+        too_long = [k for k in ks if k > cfg.speculative.max_draft_len]
+        if too_long:
+            raise UserError(f"{option} {', '.join(map(str, too_long))}: larger than this config's "
+                            f"speculative.max_draft_len ({cfg.speculative.max_draft_len})")
     output.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     status = console.status("Preparing the deployment...", spinner="dots")

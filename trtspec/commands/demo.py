@@ -24,21 +24,23 @@ _HELP = """Run trtspec end to end on the shipped demo pair (CPU is fine).
   3. streams one example completion (each colour change is one target call:
      the tokens the draft proposed and the target accepted arrive together)
      and prints its acceptance figures;
-  4. three short A/B benches, speculative vs target-only, each a table with
-     its results and plots in a folder of its own:
+  4. three short A/B benches, each a table with its results and plots in a
+     folder of its own: the adaptive policy (the controller that picks k)
+     against target-only and against a few fixed k (the best of them in
+     hindsight is "best fixed k"):
        grounded     prompts that quote their input, at concurrency 1: hybrid
-                    drafting (n-gram from the prompt, else the draft model)
-                    with the adaptive policy: where speculation wins;
-       chat         the same on chat prompts, where the draft pays little:
-                    what adaptive speculation costs there;
-       concurrency  chat at concurrency 1, 4 and 8, k 0 and 3: throughput as
-                    load grows, where speculation stops paying, and drafting
-                    stepping aside above speculative.max_concurrency (4 in
-                    the demo config);
-  5. prints the three facts in one summary and stops Triton.
+                    drafting (n-gram from the prompt, else the draft model):
+                    where speculation wins; fixed k 1 and 4;
+       chat         the same on chat prompts, where the draft pays little;
+                    fixed k 1;
+       concurrency  chat at concurrency 1, 4 and 8, the deployment's drafter,
+                    fixed k 1: throughput as load grows, and where
+                    speculation stops paying;
+  5. prints per bench how the controller compares with target-only and
+     with the best fixed k, and stops Triton.
 
 \b
-About 4 minutes on 2 CPU cores once installed (the first run also
+About 5 minutes on 2 CPU cores once installed (the first run also
 converts the model: about a minute more). --quick runs smaller benches
 (CI: about 2 minutes). For your own pair and sizes use `trtspec bench`.
 """
@@ -56,24 +58,34 @@ class Part:
     requests: int
     max_tokens: int
     draft_source: str | None = None  # None: the deployment's
-    draft_length_policy: str | None = None
+    draft_length_policy: str | None = "adaptive"  # the controller, compared with the fixed k below
+    fixed_k: tuple[int, ...] = ()  # the fixed draft lengths tried: "best fixed k in hindsight" is the best of them
 
 
-_ADAPTIVE = dict(draft_source="hybrid", draft_length_policy="adaptive")
+# The fixed k are few (each is a cell per concurrency), so that `scripts/quickstart demo` stays near 5 minutes on
+# 2 CPU cores (Triton's start takes 2 of them): k=1 beat k=3 and k=4 in every chat cell of the demo
+# (docs/benchmarks/bench-tune.md), and k=4 is the grounded prompts' own k.
+_HYBRID = dict(draft_source="hybrid")
 FULL = dict(
     example_tokens=48,
     parts=(
-        Part("grounded", "Input-grounded prompts: hybrid drafting, adaptive", ("grounded",), (1,), (0, 4), 3, 48, **_ADAPTIVE),
-        Part("chat", "Chat prompts: the same adaptive speculation, where the draft pays little", ("chat",), (1,), (0, 4), 3, 48, **_ADAPTIVE),
-        Part("concurrency", "Load: throughput by concurrency, and where speculation stops paying", ("chat",), (1, 4, 8), (0, 3), 8, 24),
+        Part("grounded", "Input-grounded prompts: hybrid drafting, the controller against fixed k", ("grounded",), (1,),
+             (0, 4), 2, 48, fixed_k=(1, 4), **_HYBRID),
+        Part("chat", "Chat prompts: the same, where the draft pays little", ("chat",), (1,), (0, 4), 2, 48,
+             fixed_k=(1,), **_HYBRID),
+        Part("concurrency", "Load: throughput by concurrency, the controller against fixed k", ("chat",), (1, 4, 8),
+             (0, 3), 8, 16, fixed_k=(1,)),
     ),
 )
 QUICK = dict(
     example_tokens=24,
     parts=(
-        Part("grounded", "Input-grounded prompts: hybrid drafting, adaptive", ("grounded",), (1,), (0, 2), 1, 12, **_ADAPTIVE),
-        Part("chat", "Chat prompts: the same adaptive speculation, where the draft pays little", ("chat",), (1,), (0, 2), 1, 12, **_ADAPTIVE),
-        Part("concurrency", "Load: throughput by concurrency, and where speculation stops paying", ("chat",), (1, 2), (0, 2), 2, 12),
+        Part("grounded", "Input-grounded prompts: hybrid drafting, the controller against fixed k", ("grounded",), (1,),
+             (0, 2), 1, 12, fixed_k=(1,), **_HYBRID),
+        Part("chat", "Chat prompts: the same, where the draft pays little", ("chat",), (1,), (0, 2), 1, 12,
+             fixed_k=(1,), **_HYBRID),
+        Part("concurrency", "Load: throughput by concurrency, the controller against fixed k", ("chat",), (1, 2),
+             (0, 2), 2, 12, fixed_k=(1,)),
     ),
 )
 EXAMPLE_PROMPT = "Explain in a few sentences why the sky is blue."
@@ -143,6 +155,7 @@ def _bench(part: Part, ep: Any, pids: list[int], cfg: Any, output: Path) -> dict
         max_tokens=part.max_tokens,
         concurrency=part.concurrency,
         draft_tokens=[k for k in part.draft_tokens if k <= cfg.speculative.max_draft_len],
+        fixed_k=[k for k in part.fixed_k if k <= cfg.speculative.max_draft_len],
         requests_per_cell=part.requests,
         warmup=1,
         draft_source=part.draft_source,
@@ -150,9 +163,10 @@ def _bench(part: Part, ep: Any, pids: list[int], cfg: Any, output: Path) -> dict
         metrics_url=ep.metrics,
         profile_pids=pids or None,
     )
-    how = f"draft_source {part.draft_source}, {part.draft_length_policy}" if part.draft_source else "the deployment's draft settings"
+    how = f"draft_source {part.draft_source or cfg.speculative.draft_source}, {part.draft_length_policy}"
+    fixed = f"; fixed k tried: 0 (target-only), {', '.join(map(str, settings.fixed_k))}" if settings.fixed_k else ""
     console.print(f"  [dim]{len(prompts)} {'/'.join(part.kinds)} prompts, {part.requests} requests per cell + 1 warm-up, "
-                  f"max_tokens {part.max_tokens}, {how}[/]")
+                  f"max_tokens {part.max_tokens}, {how}{fixed}[/]")
     return bench_and_report(settings, prompts, output)
 
 
@@ -164,27 +178,40 @@ def _paused(cell: dict) -> str:
 
 
 def summary_facts(results: dict[str, dict]) -> list[str]:
-    """One line per bench: the speculative cell's speedup at concurrency 1, and for the load bench the
-    baseline's throughput scaling and the speedup at each concurrency."""
+    """Per bench, at each concurrency: the controller's (the cell not among the fixed-k candidates) throughput
+    against target-only and against the best fixed k in hindsight, which k that was and which were tried; for the
+    load bench also the baseline's throughput scaling and the crossover."""
     def cells(name: str) -> list[dict]:
         return results.get(name, {}).get("cells", [])
 
-    def ratio(cell: dict) -> float | None:  # total output tok/s against the baseline's at that concurrency
-        return (cell.get("speedup") or {}).get("output_tokens_per_s")
+    def versus(name: str) -> str:
+        best = {b["concurrency"]: b for b in results.get(name, {}).get("summary", {}).get("best_fixed") or []}
+        parts = []
+        for c in cells(name):
+            if not c["speculative"] or c.get("draft_length_policy") == "fixed":
+                continue
+            ratio = (c.get("speedup") or {}).get("output_tokens_per_s")
+            if ratio is None:
+                continue
+            text = f"c={c['concurrency']}: [bold]{ratio:.2f}x[/] target-only"
+            b, vs = best.get(c["concurrency"]), (c.get("vs_best_fixed") or {}).get("output_tokens_per_s")
+            if b is not None and vs is not None:
+                k = "k=0, target-only" if b["num_draft_tokens"] == 0 else f"k={b['num_draft_tokens']}"
+                text += f", [bold]{vs:.2f}x[/] the best fixed k ({k})"
+            parts.append(text + _paused(c))
+        if not parts:
+            return "no speculative cell measured"
+        tried = sorted({k for b in best.values() for k in b["tried"]})
+        return "; ".join(parts) + (f"  [dim](fixed k tried: {', '.join(map(str, tried))})[/]" if tried else "")
 
-    def speedup(name: str) -> str:
-        spec = [ratio(c) for c in cells(name) if c["speculative"] and c["concurrency"] == 1 and ratio(c)]
-        return f"[bold]{spec[0]:.2f}x[/] the target-only baseline" if spec else "no speedup measured"
-
-    lines = [f"[bold]grounded[/]  adaptive hybrid speculation at concurrency 1: {speedup('grounded')}",
-             f"[bold]chat[/]      the same on chat prompts: {speedup('chat')}"]
-    base = {c["concurrency"]: c["output_tokens_per_s"] for c in cells("concurrency") if not c["speculative"]}
-    if base and min(base) in base and base[min(base)]:
+    lines = [f"[bold]grounded[/]  the controller, hybrid drafting: {versus('grounded')}",
+             f"[bold]chat[/]      the same on chat prompts: {versus('chat')}"]
+    base = {c["concurrency"]: c["output_tokens_per_s"] for c in cells("concurrency") if c["endpoint"] == "baseline"}
+    if base and base.get(min(base)):
         c1 = min(base)
         scaling = ", ".join(f"c={c}: {v:.1f} tok/s ({v / base[c1]:.1f}x)" for c, v in sorted(base.items()))
-        spec = ", ".join(f"c={c['concurrency']}: {ratio(c):.2f}x{_paused(c)}" for c in cells("concurrency")
-                         if c["speculative"] and ratio(c))
-        lines.append(f"[bold]load[/]      baseline throughput {scaling}; speculative (k=3) vs baseline {spec}")
+        lines.append(f"[bold]load[/]      baseline throughput {scaling}")
+        lines.append(f"          the controller: {versus('concurrency')}")
         crossover = results["concurrency"].get("summary", {}).get("crossover", {}).get("summary")
         if crossover:
             lines.append(f"          crossover: {crossover}")
