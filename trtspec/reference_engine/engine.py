@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -12,7 +14,7 @@ import numpy as np
 import torch
 
 from trtspec.ragged import ATTENTION, RaggedBatch, Segment, register as register_attention
-from trtspec.reference_engine.device import _DTYPES, pick_device, tune_for_cpu
+from trtspec.reference_engine.device import _DTYPES, choose_precision, pick_device, tune_for_cpu
 from trtspec.reference_engine.draft_vocab import draft_head, load_draft_vocab
 from trtspec.reference_engine.prefix_cache import PrefixCache, cache_nbytes
 from trtspec.reference_engine.request import EngineRequest, EngineResult, Steps
@@ -32,7 +34,7 @@ class ReferenceEngine:
         self,
         checkpoint: str | Path,
         device: str = "auto",
-        dtype: str = "float32",
+        dtype: str = "auto",
         cache_entries: int = 16,
         cache_bytes: int | None = None,
         cache_tokens: int | None = None,
@@ -42,9 +44,11 @@ class ReferenceEngine:
         from transformers import AutoModelForCausalLM
 
         self.device = pick_device(device)
-        if self.device == "cpu" and dtype != "float32":
-            dtype = "float32"  # half precision matmuls are several times slower on CPU
-        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=_DTYPES[dtype]).to(self.device)
+        self.precision = choose_precision(dtype, self.device)
+        if self.precision.warning:
+            warnings.warn(f"{checkpoint}: {self.precision.warning}", stacklevel=2)
+        print(f"trtspec reference engine: {checkpoint}: {self.precision.dtype} on {self.device} ({self.precision.reason})", file=sys.stderr, flush=True)
+        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=_DTYPES[self.precision.dtype]).to(self.device)
         self.model.eval()
         register_attention()
         self.model.set_attn_implementation(ATTENTION)
