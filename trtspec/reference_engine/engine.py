@@ -29,6 +29,22 @@ from trtspec.speculative import (
 )
 
 
+def plain_lm_head(model: torch.nn.Module) -> torch.Tensor | None:
+    """The LM head's weight [vocab, hidden] where the head is a plain linear map (no bias, softcapping or
+    logit scaling), else None.
+
+    With it the engine computes a step's logits as head @ hidden^T: MKL then streams the 49k-row head once
+    for all the step's rows. The usual hidden @ head^T packs the whole head for every call with more than
+    one row (a verify, a batch): 1-row GEMV 11.5 ms, 4 rows 42 ms that way against 28 ms this way (demo
+    target's head, fp32, 2 threads, AMD EPYC Zen 3)."""
+    head = model.get_output_embeddings()
+    config = model.config
+    plain = isinstance(head, torch.nn.Linear) and head.bias is None and not any(
+        getattr(config, a, None) not in (None, 1.0) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+    )
+    return head.weight.detach() if plain else None
+
+
 class ReferenceEngine:
     def __init__(
         self,
@@ -55,6 +71,7 @@ class ReferenceEngine:
         if self.device == "cpu":
             tune_for_cpu(self.model)
         self.vocab_size = int(self.model.config.vocab_size)
+        self._head = plain_lm_head(self.model) if self.device == "cpu" else None
         # With a draft vocabulary the head scores only those ids; every other logit is -inf, so greedy and
         # sampled proposals and the draft logits returned for rejection sampling all stay within it.
         self.draft_vocab: torch.Tensor | None = None
@@ -100,7 +117,10 @@ class ReferenceEngine:
         batch = RaggedBatch(segments)
         ids, pos, rows = batch.inputs(self.device)
         with torch.inference_mode():
-            if self.draft_vocab is None:
+            if self.draft_vocab is None and self._head is not None:
+                out = self.model.base_model(input_ids=ids, position_ids=pos, use_cache=False, **batch.kwargs())
+                logits = torch.mm(self._head, out.last_hidden_state[0, rows].t()).t().float().contiguous()
+            elif self.draft_vocab is None:
                 out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=rows, **batch.kwargs())
                 logits = out.logits[0].float()
             else:
