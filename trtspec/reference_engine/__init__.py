@@ -31,7 +31,7 @@ backend's tensors in and out), device (device, precision, CPU tuning), draft_voc
 vocabulary).
 """
 
-from trtspec.reference_engine.device import _DTYPES, pick_device, tune_for_cpu
+from trtspec.reference_engine.device import _DTYPES, Precision, choose_precision, cpu_flags, pick_device, tune_for_cpu
 from trtspec.reference_engine.draft_vocab import DRAFT_VOCAB_FILE, draft_head, load_draft_vocab
 from trtspec.reference_engine.engine import ReferenceEngine
 from trtspec.reference_engine.prefix_cache import (
@@ -60,12 +60,15 @@ __all__ = [
     "UNSUPPORTED_INPUTS",
     "EngineRequest",
     "EngineResult",
+    "Precision",
     "PrefixCache",
     "ReferenceEngine",
     "RequestTensorError",
     "Steps",
     "TensorGetter",
     "cache_nbytes",
+    "choose_precision",
+    "cpu_flags",
     "draft_head",
     "load_draft_vocab",
     "pick_device",
