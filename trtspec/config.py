@@ -133,6 +133,8 @@ class SpeculativeConfig(_Strict):
 
     @model_validator(mode="after")
     def _k_within_max(self) -> "SpeculativeConfig":
+        if "num_draft_tokens" not in self.model_fields_set and self.num_draft_tokens > self.max_draft_len:
+            object.__setattr__(self, "num_draft_tokens", self.max_draft_len)  # the default k follows a smaller max
         if self.num_draft_tokens > self.max_draft_len:
             raise ValueError(
                 f"num_draft_tokens ({self.num_draft_tokens}) is larger than max_draft_len ({self.max_draft_len}); "
