@@ -161,6 +161,9 @@ def test_eagle3_spelling_per_version(tag, tmp_path: Path):
     if "eagle3_layers_to_capture" not in f["decoding_types"]["eagle3"]["fields"]:
         with pytest.raises(model_yaml.ModelYamlError, match="eagle3_layers_to_capture: the head pins capture layers"):
             model_yaml.speculative_config(cfg, head, tag)
+        # pinned layers that are the release's default for this target need no field
+        target = _target(tmp_path / "target", layers=8)  # default {1, 3, 4}
+        assert "eagle3_layers_to_capture" not in model_yaml.speculative_config(cfg, head, tag, target)
         return
     sc = model_yaml.speculative_config(cfg, head, tag)
     assert sc["decoding_type"] == "Eagle" and sc[f["speculative_model_field"]] == str(head)
