@@ -24,7 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from trtspec.checkpoint import DTYPE_BYTES, CheckpointInfo, check_pair, format_bytes, format_params
+from trtspec.checkpoint import (
+    DTYPE_BYTES,
+    CheckpointInfo,
+    check_eagle3_head,
+    check_mtp_target,
+    check_pair,
+    format_bytes,
+    format_params,
+)
 from trtspec.config import BuildConfig, EngineKind, ModelConfig
 from trtspec.contract.nvidia import ENGINE_FLOW_RANGE
 from trtspec.machine import Machine, disk_free
@@ -275,7 +283,7 @@ def run_preflight(
     if cfg.engine is EngineKind.tensorrt_llm:
         _check_software(cfg, machine, trtllm_version, r)
     elif cfg.engine is EngineKind.llmapi and machine.software_checked:
-        _check_llmapi_software(machine, r)
+        _check_llmapi_software(cfg, machine, r)
     n = len(machine.gpus)
     r.placement = plan_placement(cfg, n)
     if not machine.gpus:
@@ -295,11 +303,23 @@ def run_preflight(
 
 
 def _check_pair(cfg: BuildConfig, infos: dict[str, CheckpointInfo | None], r: PreflightResult) -> None:
+    """The drafter against its target, by method: a draft model's vocabulary and size, an EAGLE-3 head's shapes
+    and vocabulary map, a target's own MTP layers."""
     t, d = infos.get("target"), infos.get("draft")
-    if t is None or d is None:
+    method = cfg.speculative.method
+    if t is None:
         return
-    report = check_pair(t, d, use_draft_logits=cfg.speculative.use_draft_logits)
-    for level, code, message in report.findings:
+    if method == "mtp":
+        from trtspec.llmapi.fields import mtp_model_types
+
+        findings = check_mtp_target(t, mtp_model_types())
+    elif d is None:
+        return
+    elif method == "eagle3":
+        findings = check_eagle3_head(t, d)
+    else:
+        findings = check_pair(t, d, use_draft_logits=cfg.speculative.use_draft_logits).findings
+    for level, code, message in findings:
         r.add(level, code, message)  # type: ignore[arg-type]
 
 
@@ -393,10 +413,19 @@ def _check_software(cfg: BuildConfig, machine: Machine, trtllm_version: str | No
         r.notes.append("TensorRT-LLM version unknown: assuming a 1.x layout (set tensorrt_llm_version to pin it)")
 
 
-def _check_llmapi_software(machine: Machine, r: PreflightResult) -> None:
+def _check_llmapi_software(cfg: BuildConfig, machine: Machine, r: PreflightResult) -> None:
     from trtspec.llmapi.fields import supported_versions, version_fields
 
     installed = machine.tensorrt_llm_version
+    pinned = cfg.tensorrt_llm_version
+    if installed and pinned and _layout(pinned) != _layout(installed):
+        r.add(
+            "error",
+            "trtllm-version-mismatch",
+            f"tensorrt_llm_version: {pinned} in the config but TensorRT-LLM {installed} is installed: model.yaml is "
+            f"spelled for {pinned}'s llm_args.py, which parses speculative_config differently (docs/llmapi-versions.md). "
+            f"Set tensorrt_llm_version: \"{installed}\" or use a container with {pinned}.",
+        )
     if installed is None:
         r.add(
             "error",
@@ -415,6 +444,10 @@ def _check_llmapi_software(machine: Machine, r: PreflightResult) -> None:
             f"{', '.join(supported_versions())} (its LLM() and speculative_config fields): use a container with "
             + ("that version" if not ENGINE_FLOW_RANGE.contains(installed) else "that version, or engine: tensorrt_llm (this version has the engine flow)"),
         )
+
+
+def _layout(version: str) -> str:
+    return ".".join(version.split(".")[:2])
 
 
 def _check_gpu_counts(cfg: BuildConfig, machine: Machine, r: PreflightResult) -> None:
