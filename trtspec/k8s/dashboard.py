@@ -73,6 +73,24 @@ def _speculation() -> list[dict[str, Any]]:
     return panels
 
 
+def _controller() -> list[dict[str, Any]]:
+    def gauge(name: str, by: str) -> str:
+        return f"max by ({by}) ({name}{MODEL})"
+
+    return [
+        _panel("Controller: acceptance estimate by source and position",
+               [(gauge(metrics.CONTROLLER_ACCEPTANCE_GAUGE, "source, position"), "{{source}} position {{position}}")], "percentunit",
+               "the acceptance the goodput controller expects at each draft position (given every earlier one was accepted)"),
+        _panel("Controller: verify cost by draft length and load",
+               [(gauge(metrics.CONTROLLER_VERIFY_GAUGE, "draft_len, load"), "k={{draft_len}} at {{load}} in flight")], "s",
+               "measured seconds of a target call verifying k draft tokens (k=0: a plain step)"),
+        _panel("Controller: draft cost by draft length and load",
+               [(gauge(metrics.CONTROLLER_DRAFT_GAUGE, "draft_len, load"), "k={{draft_len}} at {{load}} in flight"),
+                (gauge(metrics.CONTROLLER_CATCHUP_GAUGE, "load"), "catch-up per missed token at {{load}} in flight")], "s",
+               "measured seconds of a draft-model call, and of its catch-up prefill per token it missed while not drafting"),
+    ]
+
+
 def _serving() -> list[dict[str, Any]]:
     return [
         _panel("Requests per second", [(_rate("nv_inference_request_success", "model"), "{{model}} ok"),
@@ -128,7 +146,8 @@ def dashboard() -> dict[str, Any]:
                  "current": {"text": "All", "value": "$__all"}, "allValue": ".*", "refresh": 2},
             ]
         },
-        "panels": _layout([("Speculation", _speculation()), ("Serving (Triton)", _serving()), ("Engine", _engine())]),
+        "panels": _layout([("Speculation", _speculation()), ("Draft-length controller", _controller()),
+                           ("Serving (Triton)", _serving()), ("Engine", _engine())]),
     }
 
 
@@ -154,7 +173,7 @@ def queried_metrics(board: dict[str, Any]) -> set[str]:
     for e in exprs():
         e = re.sub(r'"[^"]*"', '""', e)
         names |= {m for m in re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*[{\[,)]", e) if m not in _FUNCTIONS}
-    return names - {"model", "position", "source", "state", "le"}
+    return names - {"model", "position", "source", "state", "le", "draft_len", "load"}
 
 
 if __name__ == "__main__":
