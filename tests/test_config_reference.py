@@ -37,6 +37,14 @@ def test_every_field_of_the_schema_is_in_the_reference():
         assert f"| `{key}` |" in text, f"{path} missing from the reference"
 
 
+def test_every_field_says_what_it_means():
+    undocumented = []
+    for line in render().splitlines():
+        if line.startswith("| `") and line.rstrip().endswith("|  |"):
+            undocumented.append(line.split("|")[1].strip())
+    assert not undocumented, f"fields without a description in trtspec/config.py: {undocumented}"
+
+
 def test_a_changed_default_is_drift(monkeypatch):
     from trtspec import config
 

@@ -45,17 +45,23 @@ class ModelConfig(_Strict):
     """One model of the pair (target or draft)."""
 
     checkpoint: str = Field(description="HF checkpoint directory, or demo:target / demo:draft / demo:draft-untrained")
-    dtype: Dtype = "float16"
-    tp_size: Annotated[int, Field(ge=1, le=64)] = 1
-    pp_size: Annotated[int, Field(ge=1, le=64)] = 1
-    quantization: Literal["none", "fp8"] = "none"
+    dtype: Dtype = Field(
+        default="float16",
+        description="weights and activations; auto (reference engine): bfloat16 where the CPU computes it natively "
+        "(AVX-512 BF16, AMX), float32 elsewhere; TensorRT-LLM builds in the given dtype",
+    )
+    tp_size: Annotated[int, Field(ge=1, le=64, description="tensor-parallel GPUs (TensorRT-LLM)")] = 1
+    pp_size: Annotated[int, Field(ge=1, le=64, description="pipeline-parallel stages (TensorRT-LLM)")] = 1
+    quantization: Literal["none", "fp8"] = Field(
+        default="none", description="fp8: ModelOpt post-training quantization (draft only; compute capability >= 8.9)"
+    )
     gpu_device_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
         default=None, description="GPUs this model runs on; default: planned by trtspec"
     )
     kv_cache_free_gpu_mem_fraction: Annotated[float, Field(gt=0.0, le=1.0)] | None = Field(
         default=None, description="default: derived from the memory estimate instead of NVIDIA's fixed 0.5"
     )
-    instance_count: Annotated[int, Field(ge=1, le=64)] = 1
+    instance_count: Annotated[int, Field(ge=1, le=64, description="Triton model instances of this engine")] = 1
     kv_cache_max_bytes: ByteSize | None = Field(
         default=None,
         description="engine: reference only: bytes of KV cache kept for prefix reuse (e.g. 256MiB, 2GB; 0: no reuse); "
@@ -117,14 +123,22 @@ class SpeculativeConfig(_Strict):
         description="how the deployment drafts (trtspec/methods.py): draft_model, eagle3 (draft.checkpoint is an "
         "EAGLE-3 head), mtp (the target's own MTP layers), ngram; default: draft_model with a draft, ngram without",
     )
-    max_draft_len: Annotated[int, Field(ge=1, le=64)] = 8
-    num_draft_tokens: Annotated[int, Field(ge=0, le=64)] = 4
-    use_draft_logits: bool = False
-    draft_length_policy: Literal[DRAFT_LENGTH_POLICIES] = "fixed"  # type: ignore[valid-type]
-    adaptive: AdaptivePolicy = AdaptivePolicy()
-    draft_source: Literal[tuple(SELECTIONS)] = "model"  # type: ignore[valid-type]
-    ngram_max: Annotated[int, Field(ge=1, le=16)] = 3
-    ngram_min: Annotated[int, Field(ge=1, le=16)] = 1
+    max_draft_len: Annotated[int, Field(ge=1, le=64, description="most draft tokens per iteration (the target engine's --max_draft_len)")] = 8
+    num_draft_tokens: Annotated[int, Field(ge=0, le=64, description="a request's draft length k when it asks for none (fixed: every iteration; adaptive: the most the controller picks); default: 4, or max_draft_len if smaller")] = 4
+    use_draft_logits: bool = Field(default=False, description="with sampling: rejection sampling against the draft's distribution (false: token comparison)")
+    draft_length_policy: Literal[DRAFT_LENGTH_POLICIES] = Field(  # type: ignore[valid-type]
+        default="fixed",
+        description="adaptive: the goodput controller picks k (0 included) and the source each iteration from measured "
+        "acceptance and costs; fixed: always num_draft_tokens (for measuring a given k)",
+    )
+    adaptive: AdaptivePolicy = Field(default=AdaptivePolicy(), description="the controller's settings")
+    draft_source: Literal[tuple(SELECTIONS)] = Field(  # type: ignore[valid-type]
+        default="model",
+        description="who proposes: model (the deployment's drafter), ngram (prompt lookup, in the loop's process), "
+        "hybrid (prompt lookup when it finds a match, else the model)",
+    )
+    ngram_max: Annotated[int, Field(ge=1, le=16, description="longest suffix n-gram prompt lookup matches")] = 3
+    ngram_min: Annotated[int, Field(ge=1, le=16, description="shortest suffix n-gram prompt lookup matches")] = 1
     max_concurrency: Annotated[int, Field(ge=0)] | None = Field(
         default=None,
         description="drafting stops while more requests than this are in flight in the deployment (they share "
@@ -216,9 +230,9 @@ LLMAPI_REFUSED = {
 
 
 class EngineLimits(_Strict):
-    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 8
-    max_input_len: Annotated[int, Field(ge=1)] = 2048
-    max_seq_len: Annotated[int, Field(ge=2)] = 2304
+    max_batch_size: Annotated[int, Field(ge=1, le=4096, description="requests the engines batch in one step")] = 8
+    max_input_len: Annotated[int, Field(ge=1, description="prompt + generated tokens of one request (the loop resends the running sequence)")] = 2048
+    max_seq_len: Annotated[int, Field(ge=2, description="the engines' sequence limit: max_input_len plus room for a draft")] = 2304
 
     @model_validator(mode="after")
     def _seq_covers_input(self) -> "EngineLimits":
@@ -231,28 +245,32 @@ class EngineLimits(_Strict):
 
 
 class TritonConfig(_Strict):
-    http_port: Annotated[int, Field(ge=0, le=65535)] = 8000
-    grpc_port: Annotated[int, Field(ge=0, le=65535)] = 8001
-    metrics_port: Annotated[int, Field(ge=0, le=65535)] = 8002
-    speculative_instance_count: Annotated[int, Field(ge=1, le=256)] = 1
-    preprocessing_instance_count: Annotated[int, Field(ge=1, le=64)] = 1
-    postprocessing_instance_count: Annotated[int, Field(ge=1, le=64)] = 1
+    http_port: Annotated[int, Field(ge=0, le=65535, description="Triton's HTTP port (KServe v2, generate)")] = 8000
+    grpc_port: Annotated[int, Field(ge=0, le=65535, description="Triton's gRPC port")] = 8001
+    metrics_port: Annotated[int, Field(ge=0, le=65535, description="Prometheus metrics (Triton's and trtspec's)")] = 8002
+    speculative_instance_count: Annotated[int, Field(ge=1, le=256, description="loop model instances: requests served at once per endpoint")] = 1
+    preprocessing_instance_count: Annotated[int, Field(ge=1, le=64, description="tokenizer model instances (NVIDIA's clients)")] = 1
+    postprocessing_instance_count: Annotated[int, Field(ge=1, le=64, description="detokenizer model instances (NVIDIA's clients)")] = 1
 
 
 class BuildConfig(_Strict):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")] = "trtspec"
-    engine: EngineKind = EngineKind.reference
-    target: ModelConfig
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="the deployment's name: the OpenAI model name, output folders, Kubernetes objects")] = "trtspec"
+    engine: EngineKind = Field(
+        default=EngineKind.reference,
+        description="tensorrt_llm: trtllm-build engines (GPU); llmapi: TensorRT-LLM's LLM API (GPU, no engine build); "
+        "reference: the HF model in torch with the same tensor contract (CPU or CUDA)",
+    )
+    target: ModelConfig = Field(description="the model whose output is served")
     draft: ModelConfig | None = Field(default=None, description="omit only with speculative.draft_source: ngram")
-    speculative: SpeculativeConfig = SpeculativeConfig()
-    limits: EngineLimits = EngineLimits()
+    speculative: SpeculativeConfig = Field(default=SpeculativeConfig(), description="how the deployment drafts")
+    limits: EngineLimits = Field(default=EngineLimits(), description="the engines' batch and sequence limits")
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="reference engine placement; TensorRT-LLM engines always run on GPUs"
     )
     tensorrt_llm_version: str | None = Field(
         default=None, description="version the engines are built and served with; default: the installed one"
     )
-    triton: TritonConfig = TritonConfig()
+    triton: TritonConfig = Field(default=TritonConfig(), description="ports and model instances of the Triton server")
     llmapi: LlmapiConfig | None = Field(default=None, description="engine: llmapi only: TensorRT-LLM's load controls")
 
     @field_validator("tensorrt_llm_version")
