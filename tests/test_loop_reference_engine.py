@@ -65,6 +65,37 @@ def test_greedy_speculative_equals_target_only(engines, k):
         assert yielded >= 20 > yielded - (k + 1), stats
 
 
+def test_log_probs_are_the_targets_with_and_without_speculation(engines):
+    """return_log_probs: one log probability per emitted token, the target's own, whoever drafted it."""
+    spec = SpeculativeLoop(loop_settings(max_draft_len=8), _engine_call(engines))
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
+    same = SpeculativeLoop(loop_settings(max_draft_len=8), _engine_call(
+        {"tensorrt_llm": engines["tensorrt_llm"], "tensorrt_llm_draft": engines["tensorrt_llm"]}))
+
+    def run(loop, **kw):
+        chunks = list(loop.run(LoopRequest(prompt=[0, 2, 2, 7, 9], max_tokens=20, return_log_probs=True, **kw)))
+        tokens = [t for c in chunks for t in c.new_tokens]
+        lps = [lp for c in chunks for lp in c.log_probs]
+        assert all(len(c.log_probs) == len(c.new_tokens) for c in chunks)
+        return tokens, lps, chunks[-1].stats
+
+    want, want_lp, _ = run(base)
+    assert len(want_lp) == len(want) == 20 and all(lp <= 0 for lp in want_lp)
+    for loop in (spec, same):  # a draft that is mostly rejected, and one that is always accepted
+        got, got_lp, stats = run(loop, num_draft_tokens=3)
+        assert got == want and stats.num_drafts > 0
+        assert np.allclose(got_lp, want_lp, atol=1e-4), (got_lp, want_lp)
+    # greedy: the emitted token is the target's most likely one, so its log probability is the row's largest
+    target = engines["tensorrt_llm"]
+    seq = [0, 2, 2, 7, 9]
+    for token, lp in zip(want[:5], want_lp):
+        logits = target.run(EngineRequest(seq, output_len=1, return_context_logits=True)).context_logits[-1]
+        row = logits - logits.max()
+        assert lp == pytest.approx(float(row[token] - np.log(np.exp(row).sum())), abs=1e-4)
+        seq.append(token)
+    assert not [c.log_probs for c in spec.run(LoopRequest(prompt=[0, 3], max_tokens=4)) if c.log_probs is not None]
+
+
 def test_target_as_own_draft_accepts_everything(engines):
     same = {"tensorrt_llm": engines["tensorrt_llm"], "tensorrt_llm_draft": engines["tensorrt_llm"]}
     loop = SpeculativeLoop(loop_settings(), _engine_call(same))

@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 
 from trtspec.client import Client
@@ -251,7 +252,11 @@ def test_errors_have_the_openai_shape_and_the_server_stays_healthy(api, client, 
     _assert_error(api, 400, {**ok, "num_draft_tokens": 99}, "num_draft_tokens", says="max_draft_len (4)")
     _assert_error(api, 400, {**ok, "messages": [{"role": "wizard", "content": "x"}]}, says="messages.0.role")
     _assert_error(api, 400, {**ok, "messages": []}, "messages")
-    _assert_error(api, 400, {**ok, "logprobs": True}, says="logprobs is not supported")
+    _assert_error(api, 400, {**ok, "logprobs": True, "top_logprobs": 2}, "top_logprobs", says="alternatives per token")
+    text_ok = {"model": name, "prompt": "Hi", "max_tokens": 4}
+    _assert_error(api, 400, {**text_ok, "logprobs": 2}, says="alternatives per token")
+    _assert_error(api, 400, {**text_ok, "logprobs": 0, "echo": True}, says="echo with logprobs")
+    _assert_error(api, 400, {**ok, "tools": [{"type": "function"}]}, says="tools is not supported")
     # non-finite numbers are not JSON, but Python's json writes them: still a 400
     _assert_error(api, 400, b'{"model": "%s", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}'
                   % name.encode(), says="temperature")
@@ -309,6 +314,40 @@ def test_echo_returns_the_prompt_before_the_completion(client, name, stream) -> 
     else:
         text = client.completions.create(**kwargs).choices[0].text
     assert text == prompt + plain
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs_are_the_targets_and_equal_the_baselines(client, name, stream) -> None:
+    kwargs = dict(messages=[{"role": "user", "content": QUESTION}], max_tokens=MAX_TOKENS, temperature=0, logprobs=True)
+
+    def run(model: str) -> tuple[str, list]:
+        if not stream:
+            c = client.chat.completions.create(model=model, **kwargs).choices[0]
+            return c.message.content, c.logprobs.content
+        text, content = "", []
+        for chunk in client.chat.completions.create(model=model, stream=True, **kwargs):
+            for c in chunk.choices:
+                text += c.delta.content or ""
+                content += c.logprobs.content if c.logprobs else []
+        return text, content
+
+    (text, spec), (base_text, base) = run(name), run(f"{name}-baseline")
+    assert text == base_text and len(spec) == len(base) > 0
+    assert [t.token for t in spec] == [t.token for t in base]
+    assert "".join(t.token for t in spec).startswith(text) or text.startswith("".join(t.token for t in spec)[: len(text)])
+    assert np.allclose([t.logprob for t in spec], [t.logprob for t in base], atol=1e-3)
+    assert all(t.logprob <= 0 and t.top_logprobs == [] and bytes(t.bytes).decode() == t.token for t in spec)
+
+
+@pytest.mark.slow
+def test_completion_logprobs_line_up_with_the_text(client, name) -> None:
+    c = client.completions.create(model=name, prompt="The capital of France is", max_tokens=MAX_TOKENS, temperature=0,
+                                  logprobs=0).choices[0]
+    lp = c.logprobs
+    assert "".join(lp.tokens) == c.text and len(lp.token_logprobs) == len(lp.tokens) > 0
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(x <= 0 for x in lp.token_logprobs)
 
 
 def test_the_openapi_document_lists_the_errors_the_server_sends() -> None:

@@ -222,6 +222,18 @@ def test_response_reports_acceptance(server):
     assert len(g.token_ids) <= s.num_iterations + s.total_accepted_draft_tokens
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_log_probs_are_the_targets_with_and_without_speculation(server, protocol):
+    got = _client(server, protocol).generate(PROMPTS[6], MAX_TOKENS, stream=True, num_draft_tokens=3, return_log_probs=True)
+    want = _client(server, protocol, model="baseline").generate(PROMPTS[6], MAX_TOKENS, stream=True, return_log_probs=True)
+    assert got.token_ids == want.token_ids and got.stats.total_draft_tokens > 0
+    for g in (got, want):
+        assert all(c.log_probs is not None and len(c.log_probs) == len(c.token_ids) for c in g.chunks if c.token_ids)
+    lp = lambda g: [x for c in g.chunks for x in (c.log_probs or [])]  # noqa: E731
+    assert len(lp(got)) == len(got.token_ids) and np.allclose(lp(got), lp(want), atol=1e-3)
+    assert all(c.log_probs is None for c in _client(server, protocol).generate(PROMPTS[6], 4).chunks)  # only when asked
+
+
 def test_every_metric_the_grafana_dashboard_queries_is_exported(server):
     from trtspec.k8s.dashboard import dashboard, queried_metrics
 

@@ -31,6 +31,7 @@ class Chunk:
     token_ids: list[int]
     time: float  # perf_counter when the chunk arrived
     stats: SpecStats | None = None  # the request's running statistics (the last chunk's are the final ones)
+    log_probs: list[float] | None = None  # the target's, of token_ids (with return_log_probs)
 
 
 @dataclass
@@ -187,13 +188,20 @@ def grpc_chunk(result: Any, t: float) -> Chunk | None:
         [int(x) for x in np.asarray(values.pop("output_ids")).reshape(-1)],
         t,
         _stats(values),
+        log_probs(result.as_numpy("output_log_probs")),
     )
+
+
+def log_probs(value: Any) -> list[float] | None:
+    """output_log_probs of a response ([beam, tokens], beam 1) as a list; None when it has none."""
+    return None if value is None else [float(x) for x in np.asarray(value, dtype=np.float64).reshape(-1)]
 
 
 def _chunk(body: dict[str, Any]) -> Chunk:
     ids = body.get("output_ids", [])
     ids = ids if isinstance(ids, list) else [ids]
-    return Chunk(body.get("text_output", ""), [int(x) for x in np.asarray(ids).reshape(-1)], time.perf_counter(), _stats(body))
+    return Chunk(body.get("text_output", ""), [int(x) for x in np.asarray(ids).reshape(-1)], time.perf_counter(), _stats(body),
+                 log_probs(body.get("output_log_probs")))
 
 
 def _http_error(e: urllib.error.HTTPError) -> str:

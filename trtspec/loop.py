@@ -84,6 +84,7 @@ class LoopRequest:
     embedding_bias: Sequence[float] | None = None  # one value per vocabulary entry, added to every engine's logits
     return_num_input_tokens: bool | None = None
     return_num_output_tokens: bool | None = None
+    return_log_probs: bool | None = None  # the target's log-probability of each token it emits
 
 
 @dataclass
@@ -94,6 +95,7 @@ class Step:
     generated_before: list[int]
     stats: SpecStats
     final: bool = False
+    log_probs: list[float] | None = None  # of new_tokens, from the target (with return_log_probs)
 
 
 def validate(req: LoopRequest, settings: LoopSettings) -> None:
@@ -193,8 +195,11 @@ class SpeculativeLoop:
 
         return draft
 
-    def _verify(self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray], min_tokens: int) -> list[int]:
-        """`common`: the request's sampling and stop-word tensors, built once per request; `min_tokens`: how many
+    def _verify(
+        self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray], min_tokens: int, log_probs: bool = False
+    ) -> tuple[list[int], list[float] | None]:
+        """The target's new tokens, and with `log_probs` its log-probability of each (TensorRT-LLM's output_log_probs).
+        `common`: the request's sampling and stop-word tensors, built once per request; `min_tokens`: how many
         more tokens the request must generate before the end token may come (each call is a new engine request)."""
         tensors = dict(common)
         tensors.update(
@@ -208,8 +213,17 @@ class SpeculativeLoop:
             tensors["draft_input_ids"] = np.array([proposal.tokens], dtype=np.int32)
             if proposal.logits is not None:
                 tensors["draft_logits"] = proposal.logits
-        out = self.call(self.settings.target_model, tensors, ["output_ids", "sequence_length"])
-        return self._new_tokens(out, len(seq))
+        wanted = ["output_ids", "sequence_length"]
+        if log_probs:
+            tensors["return_log_probs"] = np.array([[True]])
+            wanted.append("output_log_probs")
+        out = self.call(self.settings.target_model, tensors, wanted)
+        new = self._new_tokens(out, len(seq))
+        if not log_probs:
+            return new, None
+        if "output_log_probs" not in out:
+            raise EngineCallError(f"{self.settings.target_model} returned no output_log_probs for return_log_probs")
+        return new, [float(x) for x in np.asarray(out["output_log_probs"]).reshape(-1)[: len(new)]]
 
     # -------------------------------------------------------------- the loop
 
@@ -285,7 +299,9 @@ class SpeculativeLoop:
             draft = proposal.tokens
             stats.load_paused_iterations += bool(lookup_only and k and not draft)  # the model would have drafted
             t0 = time.perf_counter()
-            new = self._verify(seq, proposal, verify_common, (req.min_tokens or 0) - len(generated))
+            new, log_probs = self._verify(
+                seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), bool(req.return_log_probs)
+            )
             verify_s = time.perf_counter() - t0
             accepted = 0
             while accepted < min(len(draft), len(new)) and new[accepted] == draft[accepted]:
@@ -308,6 +324,6 @@ class SpeculativeLoop:
             before = list(generated)
             generated += new
             seq += new
-            yield Step(new, before, stats, final=done)
+            yield Step(new, before, stats, final=done, log_probs=None if log_probs is None else log_probs[: len(new)])
             if done:
                 return

@@ -139,7 +139,8 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
                  loop_input="return_num_output_tokens"),
     RequestField("beam_width", "INT32", "1 (beam search is not served)", check=_only(1, "beam search is not served")),
     RequestField("num_return_sequences", "INT32", "1", check=_only(1, "one sequence per request")),
-    RequestField("return_log_probs", "BOOL", "false", check=_only(False, "log probs are not returned by the loop")),
+    RequestField("return_log_probs", "BOOL", "return output_log_probs (the target's log-probability of each token it "
+                 "emits, the same with and without speculation) and cum_log_probs", loop_input="return_log_probs"),
     RequestField("return_context_logits", "BOOL", "false",
                  check=_only(False, "logits are not returned with speculative decoding, as in NVIDIA's BLS")),
     RequestField("return_generation_logits", "BOOL", "false",

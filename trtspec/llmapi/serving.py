@@ -61,6 +61,9 @@ def parse(get: Getter, default_draft_len: int) -> ParsedRequest:
             f"num_draft_tokens {k} is larger than max_draft_len {default_draft_len}; this deployment (engine: llmapi) "
             "drafts up to max_draft_len per step, as TensorRT-LLM's schedule decides"
         )
+    if get("return_log_probs"):
+        raise RequestError("return_log_probs: not available with engine: llmapi in this release; use engine: "
+                           "tensorrt_llm or reference, or leave it out")
     if get("use_draft_logits"):
         raise RequestError("use_draft_logits: not available with engine: llmapi (TensorRT-LLM verifies drafts itself)")
     source = get("draft_source")

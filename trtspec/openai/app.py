@@ -47,24 +47,26 @@ class _Output:
     def __init__(self, stops: list[str], max_tokens: int) -> None:
         self.matcher, self.max_tokens = StopMatcher(stops), max_tokens
         self.ids: list[int] = []
+        self.log_probs: list[float] = []  # the target's, of ids (when the request asked for them)
         self.text = ""
         self.stats: dict[str, Any] = {}  # the latest statistics, as the wire names them (trtspec.contract)
 
-    async def deltas(self, stream: TritonStream) -> AsyncIterator[tuple[str, list[int]]]:
-        """(text, token ids) per response; ends at a stop string and then cancels the rest in Triton."""
+    async def deltas(self, stream: TritonStream) -> AsyncIterator[tuple[str, list[int], list[float]]]:
+        """(text, token ids, their log probs) per response; ends at a stop string and then cancels the rest in Triton."""
         try:
             async for chunk in stream:
                 self.ids += chunk.token_ids
+                self.log_probs += chunk.log_probs or []
                 self.stats = chunk.stats.to_wire() if chunk.stats is not None else self.stats
                 text = self.matcher.feed(chunk.text)
                 self.text += text
-                yield text, chunk.token_ids
+                yield text, chunk.token_ids, chunk.log_probs or []
                 if self.matcher.stopped:
                     return
             tail = self.matcher.flush()
             self.text += tail
             if tail:
-                yield tail, []
+                yield tail, [], []
         finally:
             stream.cancel()
 
@@ -85,9 +87,18 @@ class _Reply:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
+    def logprobs(self, tokens: list[str], log_probs: list[float], offset: int) -> dict[str, Any]:
+        """OpenAI's logprobs object for these tokens (decoded one by one) and the target's log probs of them;
+        `offset`: where the first token starts in the choice's text (completions' text_offset)."""
+        if self.chat:
+            return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+                                for t, lp in zip(tokens, log_probs)], "refusal": None}
+        offsets = [offset + sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        return {"tokens": tokens, "token_logprobs": log_probs, "top_logprobs": None, "text_offset": offsets}
+
     def choice(self, text: str, ids: list[int] | None, finish_reason: str | None, delta: bool, index: int = 0,
-               **extra: Any) -> dict[str, Any]:
-        c: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason, **extra}
+               logprobs: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+        c: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason, **extra}
         if self.chat:
             c["delta" if delta else "message"] = {"role": "assistant", "content": text}
         else:
@@ -190,6 +201,7 @@ def create_app(backend: TritonBackend) -> FastAPI:
                 temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=seed,
                 stop_words=list(req.stop or []) or None, draft_source=req.draft_source,
                 draft_length_policy=req.draft_length_policy, min_tokens=req.min_tokens,
+                return_log_probs=True if req.wants_log_probs else None,
             )
             if req.ignore_eos:
                 fields["end_id"] = None
@@ -211,8 +223,14 @@ def create_app(backend: TritonBackend) -> FastAPI:
             total = SpecStats.total(SpecStats.from_wire(o.stats) for o in outs)
             return total.to_wire() | {"acceptance_rate": total.acceptance_rate}
 
+        def token_logprobs(ids: list[int], lps: list[float], offset: int) -> dict[str, Any] | None:
+            if not req.wants_log_probs:
+                return None
+            return reply.logprobs([backend.tokenizer.decode([t]) for t in ids], lps, offset)
+
         def per_choice(i: int) -> dict[str, Any]:
-            return {"speculative": outs[i].stats} if len(outs) > 1 else {}
+            extra = {"logprobs": token_logprobs(outs[i].ids, outs[i].log_probs, len(echo))}
+            return extra | ({"speculative": outs[i].stats} if len(outs) > 1 else {})
 
         try:
             # the first response of each choice before answering: a request Triton refuses gets its status code,
@@ -262,17 +280,25 @@ def create_app(backend: TritonBackend) -> FastAPI:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
         async def events() -> AsyncIterator[str]:
-            def chunk(i: int, text: str, ids: list[int] | None, finish: str | None = None, **extra: Any) -> str:
-                return json.dumps(reply.envelope([reply.choice(text, ids, finish, delta=True, index=i)], stream=True, **extra))
+            sent = [0] * len(outs)  # characters of each choice's text sent so far (completions' text_offset)
+
+            def chunk(i: int, text: str, ids: list[int], lps: list[float], finish: str | None = None, prefix: str = "",
+                      **extra: Any) -> str:
+                """`prefix`: text sent before this chunk's tokens in the same chunk (the echoed prompt)."""
+                logprobs = token_logprobs(ids, lps, sent[i] + len(prefix)) if ids else None
+                text = prefix + text
+                sent[i] += len(text)
+                return json.dumps(reply.envelope([reply.choice(text, ids, finish, delta=True, index=i, logprobs=logprobs)],
+                                                 stream=True, **extra))
 
             try:
                 for i, first in enumerate(firsts):
                     if echo or first is not None:
-                        text, ids = first if first is not None else ("", [])
-                        yield chunk(i, echo + text, ids)
+                        text, ids, lps = first if first is not None else ("", [], [])
+                        yield chunk(i, text, ids, lps, prefix=echo)
                 async for i, item in merged():
                     if item is None:  # the choice's last chunk: why it ended and its acceptance figures
-                        yield chunk(i, "", [], outs[i].finish_reason, speculative=outs[i].stats)
+                        yield chunk(i, "", [], [], outs[i].finish_reason, speculative=outs[i].stats)
                     elif item[0] or item[1]:
                         yield chunk(i, *item)
                 if req.include_usage:

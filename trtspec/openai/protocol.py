@@ -29,6 +29,8 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+# why alternatives per token are refused: the engines return the emitted token's log probability only
+NO_ALTERNATIVES = "alternatives per token are not returned (the target returns the log-probability of the token it emits, TensorRT-LLM's output_log_probs)"
 MAX_CHOICES = 16  # n: choices per request, each a request of its own to the deployment
 
 
@@ -108,10 +110,14 @@ class _GenerationRequest(BaseModel):
 
     @model_validator(mode="after")
     def _unsupported(self) -> "_GenerationRequest":
-        for name in ("logprobs", "top_logprobs", "suffix", "tools", "functions", "response_format"):
+        for name in ("suffix", "tools", "functions", "response_format"):
             if (self.model_extra or {}).get(name) not in (None, False, 0, ""):
                 raise ValueError(f"{name} is not supported by this server")
         return self
+
+    @property
+    def wants_log_probs(self) -> bool:
+        return False
 
     @property
     def include_usage(self) -> bool:
@@ -126,6 +132,20 @@ class CompletionRequest(_GenerationRequest):
     prompt: str | list[str]
     max_tokens: int | None = Field(default=None, gt=0)
     echo: bool = False  # the prompt is returned before the completion, in the choice's text
+    # the target's log-probability of each token it emits; the number asks for that many alternatives per token
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+
+    @model_validator(mode="after")
+    def _logprobs(self) -> "CompletionRequest":
+        if self.logprobs:
+            raise ValueError(f"logprobs {self.logprobs}: {NO_ALTERNATIVES}; ask logprobs 0 for the emitted tokens' own")
+        if self.logprobs is not None and self.echo:
+            raise ValueError("echo with logprobs: the prompt's log-probabilities are not computed; leave one of them out")
+        return self
+
+    @property
+    def wants_log_probs(self) -> bool:
+        return self.logprobs is not None
 
     @field_validator("prompt")
     @classmethod
@@ -160,6 +180,18 @@ class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, gt=0)
     max_completion_tokens: int | None = Field(default=None, gt=0)
+    logprobs: bool = False  # the target's log-probability of each token it emits
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _top_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs:
+            raise ValueError(f"top_logprobs {self.top_logprobs}: {NO_ALTERNATIVES}; use logprobs with top_logprobs 0")
+        return self
+
+    @property
+    def wants_log_probs(self) -> bool:
+        return self.logprobs
 
     @property
     def requested_max_tokens(self) -> int | None:

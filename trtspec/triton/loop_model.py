@@ -146,8 +146,14 @@ class LoopModel:
                           embedding_bias=bias, **words, **loop_fields)
         return req, text
 
-    def response_tensors(self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step) -> dict[str, np.ndarray]:
+    def response_tensors(
+        self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step, log_probs: list[float] | None = None
+    ) -> dict[str, np.ndarray]:
+        """`log_probs`: of the generated tokens among `tokens` (TensorRT-LLM's output_log_probs: [beam, tokens])."""
         out = response_tensors(tokens, before, chunk)
+        if req.return_log_probs and log_probs is not None:
+            out["output_log_probs"] = np.asarray(log_probs, dtype=np.float32).reshape(1, 1, -1)
+            out["cum_log_probs"] = np.array([[sum(log_probs)]], dtype=np.float32)
         if req.return_num_input_tokens:
             out["num_input_tokens"] = np.array([[len(req.prompt)]], dtype=np.int32)
         if req.return_num_output_tokens:
@@ -158,8 +164,10 @@ class LoopModel:
             out["text_output"] = np.array([[decoded.encode("utf-8")]], dtype=np.object_)
         return out
 
-    def _response(self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step) -> Any:
-        tensors = self.response_tensors(req, text, tokens, before, chunk)
+    def _response(
+        self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step, log_probs: list[float] | None = None
+    ) -> Any:
+        tensors = self.response_tensors(req, text, tokens, before, chunk, log_probs)
         return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in tensors.items()])
 
     def _error(self, message: str) -> Any:
@@ -170,16 +178,17 @@ class LoopModel:
         sender = request.get_response_sender()
         try:
             req, text = self.parse(request)
-            last, cancelled = None, False
+            last, cancelled, log_probs = None, False, []
             with self.in_flight.request():
                 for chunk in self.loop.run(req):
                     last = chunk
+                    log_probs += chunk.log_probs or []
                     # checked every iteration: a client that cancels or goes away stops the loop within one target call
                     cancelled = not chunk.final and sender.is_cancelled()
                     if chunk.final or cancelled:
                         break
                     if req.stream:
-                        sender.send(self._response(req, text, chunk.new_tokens, chunk.generated_before, chunk))
+                        sender.send(self._response(req, text, chunk.new_tokens, chunk.generated_before, chunk, chunk.log_probs))
             if last is None:
                 raise EngineCallError("the loop produced no output")
             self.controller_gauges.update(self.estimates, self.settings.speculative.max_draft_len)
@@ -191,12 +200,12 @@ class LoopModel:
                 sender.send(flags=final)
             elif req.stream:
                 self.metrics.record(last.stats, len(generated))
-                sender.send(self._response(req, text, last.new_tokens, last.generated_before, last), flags=final)
+                sender.send(self._response(req, text, last.new_tokens, last.generated_before, last, last.log_probs), flags=final)
             else:
                 self.metrics.record(last.stats, len(generated))
                 # TensorRT-LLM's exclude_input_in_output=false: a non-streamed output starts with the prompt
                 whole = req.prompt + generated if req.exclude_input_in_output is False else generated
-                sender.send(self._response(req, text, whole, [], last), flags=final)
+                sender.send(self._response(req, text, whole, [], last, log_probs), flags=final)
         except RequestError as e:
             sender.send(self.pb.InferenceResponse(error=io.bad_request(self.pb, e)), flags=final)
         except Exception as e:  # engine failure: report it, keep serving
