@@ -17,9 +17,12 @@ from trtspec.contract import RequestError, field_by_name
 class OpenAIError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        #: a retryable failure (the deployment is recovering): sent as the Retry-After header
+        self.retry_after_s = retry_after_s
 
     @property
     def type(self) -> str:

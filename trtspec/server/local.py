@@ -428,6 +428,7 @@ class LocalTritonServer(TritonServer):
         self._log_fh: IO[bytes] | None = None
         self._shm_prefix = options.python_shm_prefix or f"trtspec{os.getpid()}-{secrets.token_hex(4)}_"
         self._started_at: float | None = None
+        self._append_log = False
         self.ready_after_s: float | None = None
         #: set when stop() had to kill the server (it did not exit within ``options.stop_bound_s``)
         self.stop_reason: str | None = None
@@ -539,7 +540,8 @@ class LocalTritonServer(TritonServer):
             fd, name = tempfile.mkstemp(prefix="trtspec-tritonserver-", suffix=".log")
             os.close(fd)
             self._log_path = Path(name)
-        self._log_fh = open(self._log_path, "wb")  # noqa: SIM115 - lives as long as the server
+        # noqa: SIM115 - lives as long as the server; a restart keeps what the log says about the one before
+        self._log_fh = open(self._log_path, "ab" if self._append_log else "wb")
         self._log_fh.write(f"# trtspec: {' '.join(argv)}\n".encode())
         self._log_fh.flush()
         try:
@@ -616,6 +618,21 @@ class LocalTritonServer(TritonServer):
             except OSError:
                 pass
         return proc.returncode
+
+    def restart(self) -> None:
+        """Kill the server and its model processes at once, then start it again on the same ports, appending to
+        the same log (``wait_ready`` next). Requests in flight fail now (their connections close) instead of
+        waiting on a model process that died."""
+        proc = self._proc
+        if proc is not None:
+            if proc.poll() is None:
+                _killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            _reap_group(proc.pid, grace=0.0)
+        self._close_log()
+        self._cleanup_shm()
+        self._append_log = True
+        self.start()
 
     def _close_log(self) -> None:
         if self._log_fh is not None:
