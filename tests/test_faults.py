@@ -29,7 +29,6 @@ from trtspec.openai.backend import RETRY_AFTER_S
 from trtspec.repository import generate_repository
 from trtspec.server.watchdog import RESTARTS_COUNTER
 
-pytestmark = pytest.mark.slow
 
 PROMPT = "<|im_start|>user\nTell me a long story about a dragon.<|im_end|>\n<|im_start|>assistant\n"
 SHORT = 8  # tokens of the greedy-identity check
@@ -38,6 +37,15 @@ LONG = 200  # a request still running when the fault comes
 NOT_READY_WITHIN_S = 30.0
 CLIENT_ENDS_WITHIN_S = 60.0
 RECOVERY_WITHIN_S = 400.0
+
+
+def test_a_dead_model_process_is_a_retryable_503_on_the_openai_api():
+    from trtspec.openai.backend import _triton_error
+
+    e = _triton_error("in ensemble 'ensemble', tensorrt_llm: Stub process 'tensorrt_llm_0_0' is not healthy.")
+    assert (e.status, e.code, e.retry_after_s) == (503, "service_unavailable", RETRY_AFTER_S)
+    assert "tensorrt_llm_0_0" in e.message
+    assert _triton_error("speculative loop: engine died").status == 500  # not every failure is retryable
 
 
 @pytest.fixture(scope="module")
@@ -276,6 +284,7 @@ def _assert_retryable_openai_failure(stream: _OpenAIStream) -> None:
     assert f"retry in {RETRY_AFTER_S} s" in errors[-1]["message"]
 
 
+@pytest.mark.slow
 def test_target_engine_killed_mid_stream(deployment, reference):
     api = deployment[3]
     stream = _OpenAIStream(api, api.deployment.name)
@@ -283,6 +292,7 @@ def test_target_engine_killed_mid_stream(deployment, reference):
     _assert_retryable_openai_failure(stream)
 
 
+@pytest.mark.slow
 def test_draft_engine_killed_mid_stream_and_drafting_resumes(deployment, reference):
     server = deployment[0]
     stream = _TritonStream(server, "ensemble")
@@ -292,6 +302,7 @@ def test_draft_engine_killed_mid_stream_and_drafting_resumes(deployment, referen
     assert after.stats.total_draft_tokens > 0, "drafting did not resume after the draft model came back"
 
 
+@pytest.mark.slow
 def test_loop_instance_killed_mid_stream(deployment, reference):
     server = deployment[0]
     stream = _TritonStream(server, "ensemble")
@@ -299,6 +310,7 @@ def test_loop_instance_killed_mid_stream(deployment, reference):
     assert stream.outcome not in ("hung", "completed"), stream.outcome
 
 
+@pytest.mark.slow
 def test_tokenizer_killed_mid_stream(deployment, reference):
     server = deployment[0]
     stream = _TritonStream(server, "ensemble")
@@ -306,6 +318,7 @@ def test_tokenizer_killed_mid_stream(deployment, reference):
     assert stream.outcome not in ("hung", "completed"), stream.outcome
 
 
+@pytest.mark.slow
 def test_request_during_recovery_waits_or_gets_a_503_with_retry_after(deployment, reference):
     server, watchdog, health, api, _ = deployment
     _kill(watchdog, "preprocessing")
@@ -322,6 +335,7 @@ def test_request_during_recovery_waits_or_gets_a_503_with_retry_after(deployment
     assert {m: _generate(server, m) for m in reference} == reference
 
 
+@pytest.mark.slow
 def test_cut_connection_between_openai_frontend_and_triton(deployment, reference):
     server, watchdog, health, api, proxy = deployment
     stream = _OpenAIStream(api, f"{api.deployment.name}-baseline")
@@ -409,6 +423,7 @@ def echo_repo(tmp_path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_serve_replaces_a_dead_model_process_and_says_so(echo_repo):
     from trtspec.server.local import process_group_members
     from trtspec.server.watchdog import stub_processes

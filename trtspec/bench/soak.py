@@ -127,11 +127,17 @@ def sample_rss(pids: Sequence[int]) -> tuple[int, dict[str, int]]:
 
 
 class RssSampler:
-    def __init__(self, pids: Sequence[int], interval_s: float, t0: float) -> None:
-        self.pids, self.interval_s, self.t0 = list(pids), interval_s, t0
+    def __init__(self, pids: Sequence[int] | Callable[[], Sequence[int]], interval_s: float, t0: float) -> None:
+        # a callable: the server's processes now (a restarted server has new ones)
+        self._pids = pids if callable(pids) else (lambda fixed=list(pids): fixed)
+        self.interval_s, self.t0 = interval_s, t0
         self.samples: list[RssSample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="soak-rss")
+
+    @property
+    def pids(self) -> list[int]:
+        return [p for p in self._pids() if p]
 
     def take(self) -> None:
         if self.pids:
@@ -321,7 +327,8 @@ def run_soak(
     before = _scrape(metrics_url)
     log_offset = _log_size(soak.log_file)
     t0 = time.perf_counter()
-    sampler = RssSampler(soak.server_pids, soak.rss_interval_s, t0).start()
+    pids = (lambda: [soak.server.pid]) if soak.fault_every_s else soak.server_pids
+    sampler = RssSampler(pids, soak.rss_interval_s, t0).start()
     deadline = t0 + soak.minutes * 60
     lock = threading.Lock()
     records: list[SoakRecord] = []

@@ -123,6 +123,7 @@ class ModelWatchdog:
         self._recovering: list[Fault] = []
         self._dead_reason = ""
         self._lock = threading.Lock()
+        self._spawning = threading.Lock()  # held while the server's process is replaced
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -173,7 +174,11 @@ class ModelWatchdog:
         return self
 
     def stop(self) -> None:
+        """Stop watching. A restart under way has its new process started before this returns, so that whoever
+        stops the server next stops that one (the rest of the restart is abandoned)."""
         self._stop.set()
+        with self._spawning:
+            pass
         if self._thread is not None:
             self._thread.join(2.0)  # a restart in progress is abandoned: the server is being stopped anyway
             self._thread = None
@@ -211,7 +216,10 @@ class ModelWatchdog:
             self._event(f"model {f.model}: its process {f.pid} died; not ready, restarting tritonserver")
         error = None
         try:
-            self.server.restart()
+            with self._spawning:
+                if self._stop.is_set():
+                    return
+                self.server.restart()
             TritonServer.wait_ready(self.server, self.give_up_s)  # type: ignore[arg-type] - same ports, always
         except ServerError as e:
             error = str(e).splitlines()[0]
