@@ -229,6 +229,10 @@ class FaultInjector:
         return fault
 
 
+def _refused_by_name(r: SoakRecord) -> bool:
+    return bool(r.bad and r.record.error and r.bad.expect in r.record.error)
+
+
 def _clean_failure(error: str) -> bool:
     """An error the client was told about, not one it ran into by waiting (a timeout: the request hung)."""
     return "timed out" not in error.lower() and "timeout" not in error.lower()
@@ -243,8 +247,8 @@ def attribute_failures(faults: Sequence[InjectedFault], records: Sequence[SoakRe
     taken: set[int] = set()
     for f in faults:
         end = f.killed_at + (f.recovery_s if f.recovery_s is not None else RECOVERY_BOUND_S) + FAULT_GRACE_S
-        mine = [r.record for r in records if r.kind != "bad" and r.record.error and r.record.index not in taken
-                and r.finished >= f.killed_at and r.record.start <= end]
+        mine = [r.record for r in records if r.record.error and not _refused_by_name(r)
+                and r.record.index not in taken and r.finished >= f.killed_at and r.record.start <= end]
         taken |= {r.index for r in mine}
         out.append({
             "model": f.model, "pid": f.pid, "killed_at_s": f.killed_at - t0, "not_ready_after_s": f.not_ready_s,
@@ -339,6 +343,10 @@ def run_soak(
         rng = random.Random(soak.seed * 1000 + i)
         n = 0
         while not stop.is_set() and time.perf_counter() < deadline:
+            if watchdog is not None:  # as a client told to retry later would: no requests into a restart
+                waited = time.perf_counter()
+                while watchdog.restarting and time.perf_counter() - waited < RECOVERY_BOUND_S:
+                    time.sleep(0.1)
             with lock:
                 index = next(counter)
             cell = cells[(i + n) % 2]
@@ -356,11 +364,10 @@ def run_soak(
             out.finished = time.perf_counter()
             with lock:
                 records.append(out)
-            if out.kind != "bad" and out.record.error and soak.fault_every_s:
-                time.sleep(0.5)  # the deployment is recovering: a client that retries at once only adds noise
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True, name=f"soak-{i}") for i in range(soak.streams)]
-    watchdog = injector = None
+    watchdog: Any = None
+    injector: FaultInjector | None = None
     if soak.fault_every_s:
         from trtspec.server.watchdog import ModelWatchdog
 
@@ -442,16 +449,17 @@ def summarize(run: SoakRun) -> dict[str, Any]:
     recs = run.records
     normal = [r.record for r in recs if r.kind == "normal"]
     left = [r.record for r in recs if r.kind == "disconnect" and r.record.left_early and not r.record.error]
-    bad = [r for r in recs if r.kind == "bad"]
-    refused = [bool(r.record.error and r.bad and r.bad.expect in r.record.error) for r in bad]
+    faults, by_fault = attribute_failures(run.faults, recs, run.t0)
+    bad = [r for r in recs if r.kind == "bad" and r.record.index not in by_fault]
+    refused = [_refused_by_name(r) for r in bad]
     unexpected_bad = [{"request": r.bad.name if r.bad else "?", "got": r.record.error or "accepted"}
                       for r, ok in zip(bad, refused) if not ok]
-    faults, by_fault = attribute_failures(run.faults, recs, run.t0)
     errored = [r.record for r in recs if r.kind != "bad" and r.record.error and r.record.index not in by_fault]
     completed = [r for r in normal if not r.error] + [
         r.record for r in recs if r.kind == "disconnect" and not r.record.left_early and not r.record.error]
     server: dict[str, Any] = {}
-    if run.counters_before is not None and run.counters_after is not None:
+    # a restart (a fault's recovery) sets Triton's counters back to 0: their differences would mean nothing
+    if run.counters_before is not None and run.counters_after is not None and not run.faults:
         for endpoint in (ENSEMBLE, BASELINE):
             model = LOOP_MODEL[endpoint]
             server[endpoint] = {
@@ -495,7 +503,7 @@ def summarize(run: SoakRun) -> dict[str, Any]:
             "completed": len(completed),
             "errored": len(errored),
             "left_early": len(left),
-            "injected_bad": len(bad),
+            "injected_bad": len(bad),  # less those a fault failed
             "bad_refused_by_name": sum(refused),
             "failed_by_faults": len(by_fault),
         },

@@ -26,8 +26,7 @@ from trtspec.openai.protocol import ChatCompletionRequest, CompletionRequest, Op
 from trtspec.openai.stop import StopMatcher
 from trtspec.server.watchdog import Health
 
-
-#: how long a request that arrives while a model is being reloaded waits for it before it gets a 503
+#: how long a request that arrives while the deployment restarts waits for it before it gets a 503
 RECOVERY_WAIT_S = 10.0
 
 
@@ -111,7 +110,7 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
     deployment = backend.deployment
 
     async def wait_until_ready() -> None:
-        """A request that arrives while a model is being reloaded waits up to RECOVERY_WAIT_S, then gets a 503."""
+        """A request that arrives while the deployment restarts waits up to RECOVERY_WAIT_S, then gets a 503."""
         if health is None:
             return
         deadline = time.monotonic() + RECOVERY_WAIT_S

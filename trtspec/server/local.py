@@ -40,6 +40,7 @@ What the bundled (nvidia-pytriton) binary needs, worked out from the wheel and f
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import ctypes.util
 import importlib.metadata
@@ -622,7 +623,9 @@ class LocalTritonServer(TritonServer):
     def restart(self) -> None:
         """Kill the server and its model processes at once, then start it again on the same ports, appending to
         the same log (``wait_ready`` next). Requests in flight fail now (their connections close) instead of
-        waiting on a model process that died."""
+        waiting on a model process that died. The new process is started from a thread that lives as long as
+        this process: ``die_with_parent`` follows the thread that started the server, and a watchdog's thread
+        that restarts it may end first."""
         proc = self._proc
         if proc is not None:
             if proc.poll() is None:
@@ -632,7 +635,7 @@ class LocalTritonServer(TritonServer):
         self._close_log()
         self._cleanup_shm()
         self._append_log = True
-        self.start()
+        _SPAWNER.submit(self.start).result()
 
     def _close_log(self) -> None:
         if self._log_fh is not None:
@@ -655,6 +658,10 @@ class LocalTritonServer(TritonServer):
         state = "not started" if self._proc is None else (
             "running" if self.returncode is None else f"exited {self.returncode}")
         return f"<{type(self).__name__} {self.options.repository_path} {state}>"
+
+
+#: starts restarted servers (see ``LocalTritonServer.restart``); its one thread lives until the interpreter exits
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tritonserver-spawner")
 
 
 def _killpg(pgid: int, sig: int) -> bool:
