@@ -191,8 +191,9 @@ class _Follower:
 @click.option("--served-model-name", default=None, metavar="NAME",
               help="The model name of the OpenAI API [default: the build config's name from manifest.json beside "
                    "the repository, else the name of the folder that holds it].")
-@click.option("--health-port", default=DEFAULT_HEALTH_PORT, show_default=True, type=int,
-              help="Port of /health/ready, /health/live and /metrics (model restarts) (0: pick a free one).")
+@click.option("--health-port", default=None, type=int,
+              help=f"Port of /health/ready, /health/live and /metrics (model restarts) (0: pick a free one) "
+                   f"[default: {DEFAULT_HEALTH_PORT}, or a free one when --http-port is 0].")
 @click.option("--recovery-timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds a model whose process died may take to come back before the deployment reports "
                    "not live (and exits 1).")
@@ -213,7 +214,7 @@ def serve(
     openai_port: int,
     openai: bool,
     served_model_name: str | None,
-    health_port: int,
+    health_port: int | None,
     recovery_timeout: float,
     world_size: int,
 ) -> None:
@@ -245,6 +246,8 @@ def serve(
     except ServerError as e:
         raise UserError(escape(str(e))) from None
 
+    if health_port is None:
+        health_port = 0 if http_port == 0 else DEFAULT_HEALTH_PORT
     previous_handlers = _stop_signals_as_keyboard_interrupt()
     follower: _Follower | None = None
     api = watchdog = health = None
