@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from trtspec.cli import cli
 from trtspec.config import load_config
-from trtspec.k8s.manifests import DEFAULT_OPENAI_PORT, QUEUE_METRIC
+from trtspec.k8s.manifests import DEFAULT_HEALTH_PORT, DEFAULT_OPENAI_PORT, QUEUE_METRIC
 from trtspec.k8s.validate import validate_object
 from trtspec.repository import BASELINE, ENSEMBLE, LOOP
 from trtspec.server import ServerOptions
@@ -82,8 +82,10 @@ def test_gpu_example_manifests_validate_and_carry_the_plan(tmp_path, name):
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
     assert {"name": "dshm", "mountPath": "/dev/shm"} in srv["volumeMounts"]
-    assert srv["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-    assert srv["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    # `trtspec serve`'s own health endpoint: Triton's stays 200 while a model's process is dead
+    assert srv["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "health"}
+    assert srv["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "health"}
+    assert srv["args"][srv["args"].index("--health-port") + 1] == str(DEFAULT_HEALTH_PORT)
     assert srv["startupProbe"]["periodSeconds"] * srv["startupProbe"]["failureThreshold"] >= 1800
     assert srv["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
     # preStop, then the bound `trtspec serve` stops within
@@ -92,7 +94,8 @@ def test_gpu_example_manifests_validate_and_carry_the_plan(tmp_path, name):
 
     t = cfg.triton
     ports = {p["name"]: p["port"] for p in files["service.yaml"][0]["spec"]["ports"]}
-    assert ports == {"http": t.http_port, "grpc": t.grpc_port, "metrics": t.metrics_port, "openai": DEFAULT_OPENAI_PORT}
+    assert ports == {"http": t.http_port, "grpc": t.grpc_port, "metrics": t.metrics_port, "openai": DEFAULT_OPENAI_PORT,
+                     "health": DEFAULT_HEALTH_PORT}
 
     hpa = files["hpa.yaml"][0]["spec"]
     assert hpa["scaleTargetRef"]["kind"] == "Deployment"

@@ -362,7 +362,7 @@ def test_the_openapi_document_lists_the_errors_the_server_sends() -> None:
     doc = app.openapi()
     for path in ("/v1/completions", "/v1/chat/completions"):
         responses = doc["paths"][path]["post"]["responses"]
-        assert {"400", "404", "500"} <= set(responses), (path, sorted(responses))
+        assert {"400", "404", "500", "503"} <= set(responses), (path, sorted(responses))
         assert responses["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
     assert "422" not in doc["paths"]["/v1/completions"]["post"]["responses"]  # validation errors are answered as 400
 

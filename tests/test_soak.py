@@ -10,6 +10,7 @@ from trtspec.bench.prompts import Prompt
 from trtspec.bench.runner import BASELINE, ENSEMBLE, BenchError, BenchSettings, Cell, RequestRecord
 from trtspec.bench.soak import (
     BAD_REQUESTS,
+    InjectedFault,
     RssSample,
     SoakRecord,
     SoakRun,
@@ -56,7 +57,8 @@ def make_run(rss_totals=(1000, 1300, 1050), ready=True, extra_records=()):
 def test_summary_counts_add_up_and_checks_follow_the_figures():
     s = summarize(make_run())
     req = s["requests"]
-    assert req == {"sent": 6, "completed": 3, "errored": 0, "left_early": 1, "injected_bad": 2, "bad_refused_by_name": 1}
+    assert req == {"sent": 6, "completed": 3, "errored": 0, "left_early": 1, "injected_bad": 2, "bad_refused_by_name": 1,
+                   "failed_by_faults": 0}
     assert req["completed"] + req["errored"] + req["left_early"] + req["injected_bad"] == req["sent"]
     assert s["unexpected_bad"] == [{"request": "top_p 2", "got": "something else"}]
     assert s["output_tokens"] == 8 + 8 + 2
@@ -83,6 +85,29 @@ def test_checks_fail_on_errors_memory_growth_and_an_unready_server():
     assert not s["checks"]["no_errors"] and not s["checks"]["server_ready_after"]
     assert not s["checks"]["rss_end_within_10pct_of_start"]
     table(s)  # renders
+
+
+def test_failures_are_attributed_to_the_fault_that_caused_them():
+    # a fault at t=10 s, back at t=40 s; another at t=100 s that never came back
+    faults = [InjectedFault("tensorrt_llm", 1, 10.0, not_ready_s=0.3, recovery_s=30.0),
+              InjectedFault("preprocessing", 2, 100.0, not_ready_s=0.2)]
+    extra = [  # (the time the client had its error last)
+        SoakRecord("normal", rec(ENSEMBLE, 10, start=5, times=(9,), tokens=(1,), error="503 recovering"), None, 10.1),
+        SoakRecord("normal", rec(BASELINE, 11, start=20, error="connection refused"), None, 20.0),  # during recovery
+        SoakRecord("normal", rec(BASELINE, 12, start=60, error="something else"), None, 61.0),  # the soak's own
+        SoakRecord("disconnect", rec(ENSEMBLE, 13, start=99, error="timed out"), None, 160.0),  # a hang, not clean
+    ]
+    run = make_run(extra_records=extra)
+    run.faults = faults
+    s = summarize(run)
+    first, second = s["faults"]
+    assert (first["requests_failed"], first["failed_cleanly"], first["recovery_s"]) == (2, True, 30.0)
+    assert (second["requests_failed"], second["failed_cleanly"], second["recovery_s"]) == (1, False, None)
+    req = s["requests"]
+    assert req["failed_by_faults"] == 3 and req["errored"] == 1 and s["errors"] == ["something else"]
+    assert req["completed"] + req["errored"] + req["left_early"] + req["injected_bad"] + req["failed_by_faults"] == req["sent"]
+    assert s["checks"]["every_fault_recovered"] is False and s["checks"]["fault_failures_clean"] is False
+    table(s)  # renders the faults' rows
 
 
 def test_log_error_lines_keep_glog_errors_and_traceback_tails():
@@ -115,6 +140,8 @@ def test_soak_cli_errors_are_named():
     assert r.exit_code != 0 and "--soak sends to Triton's endpoints" in r.output
     r = CliRunner().invoke(cli, ["bench", "--soak", "0"])
     assert r.exit_code != 0 and "--soak" in r.output
+    r = CliRunner().invoke(cli, ["bench", "--soak", "1", "--fault-every", "60", "--url", "127.0.0.1:9"])
+    assert r.exit_code != 0 and "--fault-every needs the deployment the bench starts itself" in r.output
 
 
 @pytest.mark.slow

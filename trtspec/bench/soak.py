@@ -8,6 +8,11 @@ requests, tokens generated after a cancellation), samples the RSS of the server'
 keeps sampling for a settle period (memory returned after the burst), checks the server is still ready and
 collects the error lines of the server's log.
 
+With ``fault_every_s`` (``--fault-every``, on the deployment the bench starts itself), a ``FaultInjector`` also
+SIGKILLs a random model process every N seconds, and the server's ``ModelWatchdog`` (trtspec.server.watchdog)
+brings the deployment back; per fault the soak reports how long health took to say not-ready, the recovery time,
+the requests that failed, and whether each of them failed cleanly (an error, not a timeout).
+
 The figures are computed by ``summarize`` from plain data, so the arithmetic is testable without a server.
 """
 
@@ -15,7 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -63,6 +70,8 @@ class SoakSettings:
     server_pids: Sequence[int] = ()  # the server's processes (their descendants are found each sample)
     log_file: Path | None = None
     seed: int = 0
+    fault_every_s: float | None = None  # kill a random model process this often (needs `server`)
+    server: Any = None  # the LocalTritonServer the bench started (faults need to restart it)
 
     def validate(self) -> None:
         if not self.minutes > 0:
@@ -76,6 +85,12 @@ class SoakSettings:
             raise BenchError("--soak-disconnect + --soak-bad must not exceed 1")
         if self.settle_s < 0:
             raise BenchError(f"--soak-settle must be >= 0 seconds, got {self.settle_s}")
+        if self.fault_every_s is not None:
+            if not self.fault_every_s > 0:
+                raise BenchError(f"--fault-every must be > 0 seconds, got {self.fault_every_s}")
+            if self.server is None or getattr(self.server, "pid", None) is None:
+                raise BenchError("--fault-every needs the deployment the bench starts itself (--config CONFIG): "
+                                 "it kills that server's model processes and lets its watchdog restart it")
 
     def bad_requests(self, protocol: str) -> list[BadRequest]:
         grpc = self.grpc_url is not None or protocol == "grpc"
@@ -87,6 +102,7 @@ class SoakRecord:
     kind: str  # normal | disconnect | bad
     record: RequestRecord
     bad: BadRequest | None = None
+    finished: float = 0.0  # perf_counter when the client had its answer (or its error)
 
 
 # ------------------------------------------------------------------------------------------------ RSS
@@ -111,11 +127,17 @@ def sample_rss(pids: Sequence[int]) -> tuple[int, dict[str, int]]:
 
 
 class RssSampler:
-    def __init__(self, pids: Sequence[int], interval_s: float, t0: float) -> None:
-        self.pids, self.interval_s, self.t0 = list(pids), interval_s, t0
+    def __init__(self, pids: Sequence[int] | Callable[[], Sequence[int]], interval_s: float, t0: float) -> None:
+        # a callable: the server's processes now (a restarted server has new ones)
+        self._pids = pids if callable(pids) else (lambda fixed=list(pids): fixed)
+        self.interval_s, self.t0 = interval_s, t0
         self.samples: list[RssSample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="soak-rss")
+
+    @property
+    def pids(self) -> list[int]:
+        return [p for p in self._pids() if p]
 
     def take(self) -> None:
         if self.pids:
@@ -137,6 +159,106 @@ class RssSampler:
         self.take()
 
 
+# ------------------------------------------------------------------------------------------------ faults
+
+#: a request that failed this long after its fault's recovery is not the fault's doing
+FAULT_GRACE_S = 2.0
+#: how long a fault's recovery is awaited before the fault counts as not recovered
+RECOVERY_BOUND_S = 300.0
+
+
+@dataclass
+class InjectedFault:
+    model: str
+    pid: int
+    killed_at: float  # perf_counter
+    not_ready_s: float | None = None  # until the watchdog said not-ready
+    recovery_s: float | None = None  # until the deployment was ready again; None: it did not come back
+    error: str | None = None
+
+
+class FaultInjector:
+    """Every ``every_s`` seconds: SIGKILL one process of a random watched model, then wait for the watchdog's
+    restart (kills wait while one is in progress)."""
+
+    def __init__(self, watchdog: Any, every_s: float, seed: int = 0) -> None:
+        self.watchdog, self.every_s = watchdog, every_s
+        self.rng = random.Random(seed)
+        self.faults: list[InjectedFault] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="soak-faults")
+
+    def start(self) -> "FaultInjector":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop injecting; returns once the fault in progress has recovered (or its bound passed)."""
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.inject()
+
+    def inject(self) -> InjectedFault | None:
+        watched = self.watchdog.watched
+        if not watched:
+            return None
+        model = self.rng.choice(sorted(watched))
+        pid = self.rng.choice(sorted(watched[model]))
+        seen = len(self.watchdog.faults)
+        fault = InjectedFault(model, pid, time.perf_counter())
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+        self.faults.append(fault)
+        deadline = fault.killed_at + RECOVERY_BOUND_S
+        while time.perf_counter() < deadline:
+            mine = self.watchdog.faults[seen:]
+            if mine and fault.not_ready_s is None:
+                fault.not_ready_s = mine[0].detected_at - fault.killed_at
+            if mine and not self.watchdog.restarting:
+                fault.error = mine[0].error
+                if mine[0].recovered_at is not None:
+                    fault.recovery_s = mine[0].recovered_at - fault.killed_at
+                return fault
+            time.sleep(0.05)
+        fault.error = f"not recovered within {RECOVERY_BOUND_S:g} s"
+        return fault
+
+
+def _refused_by_name(r: SoakRecord) -> bool:
+    return bool(r.bad and r.record.error and r.bad.expect in r.record.error)
+
+
+def _clean_failure(error: str) -> bool:
+    """An error the client was told about, not one it ran into by waiting (a timeout: the request hung)."""
+    return "timed out" not in error.lower() and "timeout" not in error.lower()
+
+
+def attribute_failures(faults: Sequence[InjectedFault], records: Sequence[SoakRecord],
+                       t0: float) -> tuple[list[dict[str, Any]], set[int]]:
+    """Per fault (times relative to the load's start): the requests it failed, and the indexes of those records
+    (the other errors are the soak's own). A request is the fault's when it failed after the kill, and was sent
+    before the deployment was back (+ FAULT_GRACE_S)."""
+    out: list[dict[str, Any]] = []
+    taken: set[int] = set()
+    for f in faults:
+        end = f.killed_at + (f.recovery_s if f.recovery_s is not None else RECOVERY_BOUND_S) + FAULT_GRACE_S
+        mine = [r.record for r in records if r.record.error and not _refused_by_name(r)
+                and r.record.index not in taken and r.finished >= f.killed_at and r.record.start <= end]
+        taken |= {r.index for r in mine}
+        out.append({
+            "model": f.model, "pid": f.pid, "killed_at_s": f.killed_at - t0, "not_ready_after_s": f.not_ready_s,
+            "recovery_s": f.recovery_s, "requests_failed": len(mine),
+            "failed_cleanly": all(_clean_failure(r.error or "") for r in mine), "error": f.error,
+            "errors": sorted({r.error for r in mine if r.error})[:5],
+        })
+    return out, taken
+
+
 # ------------------------------------------------------------------------------------------------ running
 
 
@@ -153,6 +275,8 @@ class SoakRun:
     ready_after: bool
     log_errors: list[str] = field(default_factory=list)
     num_draft_tokens: int = 0
+    faults: list[InjectedFault] = field(default_factory=list)
+    t0: float = 0.0  # perf_counter when the load started
 
 
 def _ready(bench: BenchSettings) -> bool:
@@ -207,7 +331,8 @@ def run_soak(
     before = _scrape(metrics_url)
     log_offset = _log_size(soak.log_file)
     t0 = time.perf_counter()
-    sampler = RssSampler(soak.server_pids, soak.rss_interval_s, t0).start()
+    pids = (lambda: [soak.server.pid]) if soak.fault_every_s else soak.server_pids
+    sampler = RssSampler(pids, soak.rss_interval_s, t0).start()
     deadline = t0 + soak.minutes * 60
     lock = threading.Lock()
     records: list[SoakRecord] = []
@@ -218,6 +343,10 @@ def run_soak(
         rng = random.Random(soak.seed * 1000 + i)
         n = 0
         while not stop.is_set() and time.perf_counter() < deadline:
+            if watchdog is not None:  # as a client told to retry later would: no requests into a restart
+                waited = time.perf_counter()
+                while watchdog.restarting and time.perf_counter() - waited < RECOVERY_BOUND_S:
+                    time.sleep(0.1)
             with lock:
                 index = next(counter)
             cell = cells[(i + n) % 2]
@@ -232,10 +361,18 @@ def run_soak(
                 out = SoakRecord("disconnect", _one_request(bench, cell, index, prompt, False, leave_after=rng.randint(1, 3)))
             else:
                 out = SoakRecord("normal", _one_request(bench, cell, index, prompt, False))
+            out.finished = time.perf_counter()
             with lock:
                 records.append(out)
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True, name=f"soak-{i}") for i in range(soak.streams)]
+    watchdog: Any = None
+    injector: FaultInjector | None = None
+    if soak.fault_every_s:
+        from trtspec.server.watchdog import ModelWatchdog
+
+        watchdog = ModelWatchdog(soak.server, give_up_s=RECOVERY_BOUND_S).start()
+        injector = FaultInjector(watchdog, soak.fault_every_s, soak.seed).start()
     for t in threads:
         t.start()
     try:
@@ -248,6 +385,11 @@ def run_soak(
     except KeyboardInterrupt:
         stop.set()
         raise
+    finally:
+        if injector is not None:
+            injector.stop()
+        if watchdog is not None:
+            watchdog.stop()
     load_end = time.perf_counter() - t0
     time.sleep(3.0)  # a cancelled request is counted when its loop notices, within one iteration
     after = _scrape(metrics_url)
@@ -260,7 +402,7 @@ def run_soak(
             log_errors = log_error_lines(f.read().decode("utf-8", errors="replace"))
     records.sort(key=lambda r: r.record.index)
     return SoakRun(soak, bench, records, load_end, before, after, sampler.samples, load_end, _ready(bench),
-                   log_errors, k)
+                   log_errors, k, injector.faults if injector else [], t0)
 
 
 def _scrape(url: str | None) -> dict[Sample, float] | None:
@@ -307,15 +449,17 @@ def summarize(run: SoakRun) -> dict[str, Any]:
     recs = run.records
     normal = [r.record for r in recs if r.kind == "normal"]
     left = [r.record for r in recs if r.kind == "disconnect" and r.record.left_early and not r.record.error]
-    bad = [r for r in recs if r.kind == "bad"]
-    refused = [bool(r.record.error and r.bad and r.bad.expect in r.record.error) for r in bad]
+    faults, by_fault = attribute_failures(run.faults, recs, run.t0)
+    bad = [r for r in recs if r.kind == "bad" and r.record.index not in by_fault]
+    refused = [_refused_by_name(r) for r in bad]
     unexpected_bad = [{"request": r.bad.name if r.bad else "?", "got": r.record.error or "accepted"}
                       for r, ok in zip(bad, refused) if not ok]
-    errored = [r.record for r in recs if r.kind != "bad" and r.record.error]
+    errored = [r.record for r in recs if r.kind != "bad" and r.record.error and r.record.index not in by_fault]
     completed = [r for r in normal if not r.error] + [
         r.record for r in recs if r.kind == "disconnect" and not r.record.left_early and not r.record.error]
     server: dict[str, Any] = {}
-    if run.counters_before is not None and run.counters_after is not None:
+    # a restart (a fault's recovery) sets Triton's counters back to 0: their differences would mean nothing
+    if run.counters_before is not None and run.counters_after is not None and not run.faults:
         for endpoint in (ENSEMBLE, BASELINE):
             model = LOOP_MODEL[endpoint]
             server[endpoint] = {
@@ -342,11 +486,15 @@ def summarize(run: SoakRun) -> dict[str, Any]:
         "rss_end_within_10pct_of_start": (abs(rss["end_vs_start"]) <= RSS_TOLERANCE
                                           if rss.get("end_vs_start") is not None else None),
     }
+    if run.faults:
+        checks["every_fault_recovered"] = all(f["recovery_s"] is not None for f in faults)
+        checks["fault_failures_clean"] = all(f["failed_cleanly"] for f in faults)
     s, b = run.settings, run.bench
     return {
         "schema": SCHEMA,
         "settings": {"minutes": s.minutes, "streams": s.streams, "disconnect_share": s.disconnect_share,
-                     "bad_share": s.bad_share, "settle_s": s.settle_s, "protocol": b.protocol, "url": b.url,
+                     "bad_share": s.bad_share, "settle_s": s.settle_s, "fault_every_s": s.fault_every_s,
+                     "protocol": b.protocol, "url": b.url,
                      "max_tokens": b.max_tokens, "num_draft_tokens": run.num_draft_tokens,
                      "bad_requests": [x.name for x in s.bad_requests(b.protocol)]},
         "load_s": run.load_s,
@@ -355,9 +503,11 @@ def summarize(run: SoakRun) -> dict[str, Any]:
             "completed": len(completed),
             "errored": len(errored),
             "left_early": len(left),
-            "injected_bad": len(bad),
+            "injected_bad": len(bad),  # less those a fault failed
             "bad_refused_by_name": sum(refused),
+            "failed_by_faults": len(by_fault),
         },
+        "faults": faults,
         "errors": sorted({r.error for r in errored if r.error})[:20],
         "unexpected_bad": unexpected_bad[:20],
         "output_tokens": sum(r.output_tokens for r in completed),
@@ -414,6 +564,10 @@ def table(summary: dict[str, Any]) -> Any:
         (f"RSS after settle ({summary['settings']['settle_s']:g} s)", _mb(rss.get("end_bytes"))
          + ("" if rss.get("end_vs_start") is None else f" ({rss['end_vs_start']:+.1%})")),
         ("server ready after", "yes" if summary["server_ready_after"] else "[red]NO[/]"),
+        *[(f"fault {i + 1}: {f['model']} killed at {f['killed_at_s']:.0f} s",
+           f"not ready after {_s(f['not_ready_after_s'])}, back after {_s(f['recovery_s'])}, "
+           f"{f['requests_failed']} failed{'' if f['failed_cleanly'] else ' [red](not cleanly)[/]'}")
+          for i, f in enumerate(summary.get("faults", []))],
         ("server log error lines", str(summary["log_errors"]["count"])),
     ]
     for r in rows:

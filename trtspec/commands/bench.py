@@ -182,6 +182,9 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
               help="With --soak: share of the requests carrying a bad value.")
 @click.option("--soak-settle", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="With --soak: seconds to keep sampling RSS after the load (is memory returned?).")
+@click.option("--fault-every", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="With --soak and --config: SIGKILL a random model process this often; report per fault the "
+                   "requests failed and the recovery time (the deployment restarts itself).")
 def bench(
     url: str | None,
     protocol: str,
@@ -209,6 +212,7 @@ def bench(
     soak_disconnect: float,
     soak_bad: float,
     soak_settle: float,
+    fault_every: float | None,
 ) -> None:
     from trtspec.bench import BenchError, BenchSettings, PromptError, builtin_prompts, load_prompts, parse_kinds
     from trtspec.bench.metrics import MetricsError
@@ -251,7 +255,8 @@ def bench(
         if api != "triton":
             raise UserError("--soak sends to Triton's endpoints; leave out --api openai")
         soak = SoakSettings(soak_minutes, soak_streams, soak_disconnect, soak_bad, soak_settle,
-                            grpc_url=settings.url if protocol == "grpc" else None, server_pids=list(profile_pids))
+                            grpc_url=settings.url if protocol == "grpc" else None, server_pids=list(profile_pids),
+                            fault_every_s=fault_every)
         settings.profile = False
         run = lambda s, p, out, **kw: soak_and_report(s, soak, p, out, **kw)  # noqa: E731
     output = output or default_output_dir("trtspec-soak" if soak_minutes is not None else "trtspec-bench")
@@ -288,6 +293,7 @@ def soak_and_report(settings: Any, soak: Any, prompts: Sequence[Any], output: Pa
         soak.grpc_url = server.endpoints.grpc_address
         soak.server_pids = server_pids(server)
         soak.log_file = server.options.log_file
+        soak.server = server
     status = console.status("soak: warming up...", spinner="dots")
     status.start()
 

@@ -15,6 +15,7 @@ from rich.table import Table
 from trtspec.commands._common import UserError, console, err_console
 from trtspec.openai.server import DEFAULT_PORT
 from trtspec.server import (
+    LocalTritonServer,
     ServerError,
     ServerOptions,
     ServerStartError,
@@ -23,6 +24,8 @@ from trtspec.server import (
     create_server,
     read_repository,
 )
+from trtspec.server.health import DEFAULT_HEALTH_PORT, HealthServer, TritonHealth
+from trtspec.server.watchdog import ModelWatchdog
 
 _HELP_TEXT = """Serve a Triton model repository (e.g. the one `trtspec build` wrote) over HTTP and gRPC.
 
@@ -39,6 +42,18 @@ gets --exit-timeout seconds to finish in-flight requests, and is killed
 (with its model processes) KILL_GRACE s after that, so `trtspec serve`
 returns within --exit-timeout + KILL_GRACE s. If Triton exits with an
 error (or has to be killed), `trtspec serve` exits 1 and says why.
+
+\b
+Health that tells the truth: Triton's own /v2/health/ready stays 200
+when a model's process dies. `trtspec serve` watches every model's
+process; when one dies, /health/ready on --health-port (and the OpenAI
+API's /health) answers 503, and Triton is restarted at once (the requests
+in flight fail with a clear error instead of hanging on the dead
+process), logged and counted (trtspec_model_restarts_total on
+--health-port's /metrics). A deployment not back within
+--recovery-timeout makes /health/live 503 and `trtspec serve` exit 1, so
+that a supervisor restarts it. If Triton itself dies, it exits 1 at once
+with the reason.
 
 \b
 Which tritonserver runs (first match wins):
@@ -91,12 +106,14 @@ def _models_table(server: TritonServer, repo: Path) -> Table:
     return table
 
 
-def _start_openai(repo: Path, server: TritonServer, port: int, name: str | None) -> Any:
+def _start_openai(repo: Path, server: TritonServer, port: int, name: str | None,
+                  watchdog: ModelWatchdog | None) -> Any:
     from trtspec.openai.backend import DeploymentError
     from trtspec.openai.server import OpenAIServer
 
     try:
-        api = OpenAIServer(repo, server.endpoints.grpc_address, port=port, name=name)
+        api = OpenAIServer(repo, server.endpoints.grpc_address, port=port, name=name,
+                           health=watchdog.health if watchdog is not None else None)
     except DeploymentError as e:  # not a trtspec deployment: Triton alone is what this repository serves
         err_console.print(f"[yellow]OpenAI API off:[/] {escape(str(e))}", soft_wrap=True)
         return None
@@ -107,12 +124,15 @@ def _start_openai(repo: Path, server: TritonServer, port: int, name: str | None)
     return api
 
 
-def _print_ready(server: TritonServer, repo: Path, elapsed: float, api: Any = None) -> None:
+def _print_ready(server: TritonServer, repo: Path, elapsed: float, api: Any = None,
+                 health: HealthServer | None = None) -> None:
     ep = server.endpoints
     console.print(f"[bold green]Triton is ready[/] after {elapsed:.1f} s")
     console.print(f"  HTTP     {ep.http}")
     console.print(f"  gRPC     {ep.grpc_address}")
     console.print(f"  metrics  {ep.metrics}")
+    if health is not None:
+        console.print(f"  health   http://{ep.host}:{health.port}/health/ready  /health/live  /metrics")
     if api is not None:
         models = ", ".join(api.deployment.models)
         console.print(f"  OpenAI   {api.url}  (models: {escape(models)})")
@@ -171,6 +191,12 @@ class _Follower:
 @click.option("--served-model-name", default=None, metavar="NAME",
               help="The model name of the OpenAI API [default: the build config's name from manifest.json beside "
                    "the repository, else the name of the folder that holds it].")
+@click.option("--health-port", default=None, type=int,
+              help=f"Port of /health/ready, /health/live and /metrics (model restarts) (0: pick a free one) "
+                   f"[default: {DEFAULT_HEALTH_PORT}, or a free one when --http-port is 0].")
+@click.option("--recovery-timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds a model whose process died may take to come back before the deployment reports "
+                   "not live (and exits 1).")
 @click.option("--world-size", default=1, show_default=True, type=int,
               help="TensorRT-LLM only: MPI ranks (TP x PP of the engine) in leader mode.")
 def serve(
@@ -188,6 +214,8 @@ def serve(
     openai_port: int,
     openai: bool,
     served_model_name: str | None,
+    health_port: int | None,
+    recovery_timeout: float,
     world_size: int,
 ) -> None:
     if not repo.is_dir():
@@ -218,9 +246,11 @@ def serve(
     except ServerError as e:
         raise UserError(escape(str(e))) from None
 
+    if health_port is None:
+        health_port = 0 if http_port == 0 else DEFAULT_HEALTH_PORT
     previous_handlers = _stop_signals_as_keyboard_interrupt()
     follower: _Follower | None = None
-    api = None
+    api = watchdog = health = None
     try:
         started = time.monotonic()
         try:
@@ -230,18 +260,36 @@ def serve(
         except ServerStartError as e:
             server.stop()
             raise UserError(escape(str(e))) from None
-        api = _start_openai(repo, server, openai_port, served_model_name) if openai else None
-        _print_ready(server, repo, time.monotonic() - started, api)
+        if isinstance(server, LocalTritonServer):
+            watchdog = ModelWatchdog(server, give_up_s=recovery_timeout,
+                                     on_event=lambda m: err_console.print(f"[yellow]watchdog:[/] {escape(m)}"))
+            watchdog.start()
+        try:
+            health = HealthServer(watchdog or TritonHealth(server), host=options.bind_address or "0.0.0.0",
+                                  port=health_port).start()
+        except OSError as e:
+            raise UserError(f"health endpoint: cannot listen on port {health_port} ({e.strerror}); pick "
+                            "another with --health-port") from None
+        api = _start_openai(repo, server, openai_port, served_model_name, watchdog) if openai else None
+        _print_ready(server, repo, time.monotonic() - started, api, health)
         follower = _Follower(server.log_path) if follow_log else None
         while True:
-            rc = server.wait(timeout=0.5)
+            rc = server.wait(timeout=0.25)
             if follower:
                 follower.pump()
-            if rc is not None:
+            if watchdog is not None:  # it knows a restart of its own from Triton dying
+                if rc is not None:
+                    time.sleep(0.25)  # the old process during a restart: wait() returns at once
+                state = watchdog.health()
+                if not state.live:
+                    tail = "\n".join(f"  | {line}" for line in server.log_tail(40))
+                    raise UserError(escape(f"{state.reason}.\nLast log lines:\n{tail}"))
+            elif rc is not None:
                 tail = "\n".join(f"  | {line}" for line in server.log_tail(40))
                 raise UserError(escape(f"tritonserver exited unexpectedly with code {rc}.\nLast log lines:\n{tail}"))
     except KeyboardInterrupt:
         err_console.print("\nStopping Triton...")
+        _stop_watch(watchdog, health)
         if api is not None:
             api.stop()
         rc = server.stop()
@@ -251,12 +299,21 @@ def serve(
             raise UserError(escape(_stop_failure(server, rc))) from None
         err_console.print(f"Triton stopped (exit code {rc}).")
     except BaseException:
+        _stop_watch(watchdog, health)
         if api is not None:
             api.stop()
         server.stop()
         raise
     finally:
         _restore_stop_signals(previous_handlers)
+
+
+def _stop_watch(watchdog: ModelWatchdog | None, health: HealthServer | None) -> None:
+    # first: the model processes that end with Triton are not faults to repair
+    if watchdog is not None:
+        watchdog.stop()
+    if health is not None:
+        health.stop()
 
 
 def _stop_failure(server: TritonServer, rc: int | None) -> str:

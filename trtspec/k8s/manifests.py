@@ -29,6 +29,7 @@ from trtspec.k8s import dashboard
 from trtspec.k8s.topology import GPU_PRODUCT_LABEL, GPU_RESOURCE, K8sError, Topology
 from trtspec.repository import ENTRY_MODELS
 from trtspec.server import ServerOptions
+from trtspec.server.health import DEFAULT_HEALTH_PORT
 
 # The tag docs/deploy-gpu.md gives the image the repository's Dockerfile builds; push it where nodes pull from.
 DEFAULT_IMAGE = "trtspec:25.12"
@@ -45,6 +46,8 @@ LWS_LEADER_SELECTOR = {"leaderworkerset.sigs.k8s.io/worker-index": "0"}
 DRAIN_S = int(ServerOptions.exit_timeout_s + ServerOptions.kill_grace_s)
 PRESTOP_SLEEP_S = 10  # endpoints controllers and kube-proxy stop sending new requests before the drain starts
 SERVE_OPENAI_FLAG = "--openai-port"
+# `trtspec serve`'s probe endpoint: Triton's own /v2/health/ready stays 200 when a model's process has died
+SERVE_HEALTH_FLAG = "--health-port"
 ADAPTER_VALUES = "prometheus-adapter-values.yaml"
 
 Storage = Literal["pvc", "init"]
@@ -135,6 +138,8 @@ def _check(cfg: BuildConfig, opts: K8sOptions, storage: Storage, build_dir: str)
     ports = {"triton.http_port": t.http_port, "triton.grpc_port": t.grpc_port, "triton.metrics_port": t.metrics_port}
     if opts.openai_port is not None:
         ports["--openai-port"] = opts.openai_port
+    if SERVE_HEALTH_FLAG in opts.serve_flags:
+        ports[SERVE_HEALTH_FLAG] = DEFAULT_HEALTH_PORT
     for key, port in ports.items():
         if port == 0:
             raise K8sError(f"{key}: 0 picks a free port at start, a Service needs a fixed one; set {key} (e.g. 8000)")
@@ -219,6 +224,8 @@ class _Builder:
         self.ports = {"http": t.http_port, "grpc": t.grpc_port, "metrics": t.metrics_port}
         if opts.openai_port is not None:
             self.ports["openai"] = opts.openai_port
+        if SERVE_HEALTH_FLAG in opts.serve_flags:
+            self.ports["health"] = DEFAULT_HEALTH_PORT
 
     def meta(self, suffix: str = "") -> dict[str, Any]:
         return {"name": self.name + suffix, "labels": dict(self.labels)}
@@ -254,6 +261,8 @@ class _Builder:
             args += [flag, str(self.ports[port_name])]
         if "openai" in self.ports and SERVE_OPENAI_FLAG in self.opts.serve_flags:
             args += [SERVE_OPENAI_FLAG, str(self.ports["openai"])]
+        if "health" in self.ports:
+            args += [SERVE_HEALTH_FLAG, str(self.ports["health"])]
         cfg = self.cfg
         if cfg.engine is EngineKind.tensorrt_llm and cfg.draft is None and cfg.target.world_size > 1:
             args += ["--world-size", str(cfg.target.world_size)]  # one TensorRT-LLM model: MPI leader mode
@@ -283,13 +292,18 @@ class _Builder:
         return [{"name": "TRTSPEC_CACHE", "value": f"{WORK_DIR}/cache"}]  # demo pair, backend stubs: on the emptyDir
 
     def probes(self) -> dict[str, Any]:
+        # `trtspec serve`'s own endpoint when it has one: not ready while a dead model process is being replaced,
+        # not live when the deployment cannot come back (then the pod is restarted)
+        port, ready, live = ("health", "/health/ready", "/health/live") if "health" in self.ports else (
+            "http", "/v2/health/ready", "/v2/health/live")
+
         def get(path: str, period: int, failures: int) -> dict[str, Any]:
-            return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures}
+            return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "failureThreshold": failures}
 
         return {
-            "startupProbe": get("/v2/health/ready", 10, math.ceil(self.opts.startup_timeout_s / 10)),
-            "readinessProbe": get("/v2/health/ready", 5, 2),
-            "livenessProbe": get("/v2/health/live", 15, 4),
+            "startupProbe": get(ready, 10, math.ceil(self.opts.startup_timeout_s / 10)),
+            "readinessProbe": get(ready, 2, 1),
+            "livenessProbe": get(live, 15, 4),
             "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}},
         }
 

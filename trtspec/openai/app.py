@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,13 +22,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trtspec.client import request_fields
 from trtspec.metrics import SpecStats
-from trtspec.openai.backend import TritonBackend, TritonStream
+from trtspec.openai.backend import TritonBackend, TritonStream, unavailable
 from trtspec.openai.protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, OpenAIError, _GenerationRequest
 from trtspec.openai.stop import StopMatcher
+from trtspec.server.watchdog import Health
+
+#: how long a request that arrives while the deployment restarts waits for it before it gets a 503
+RECOVERY_WAIT_S = 10.0
 
 
 def _error_response(e: OpenAIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+    headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s is not None else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 def _validation_error(exc: RequestValidationError) -> OpenAIError:
@@ -113,8 +118,19 @@ class _Reply:
                 **extra}
 
 
-def create_app(backend: TritonBackend) -> FastAPI:
+def create_app(backend: TritonBackend, health: Callable[[], Health] | None = None) -> FastAPI:
+    """``health``: what the deployment's watchdog says (``ModelWatchdog.health``); None: always healthy."""
     deployment = backend.deployment
+
+    async def wait_until_ready() -> None:
+        """A request that arrives while the deployment restarts waits up to RECOVERY_WAIT_S, then gets a 503."""
+        if health is None:
+            return
+        deadline = time.monotonic() + RECOVERY_WAIT_S
+        while not (state := health()).ready:
+            if not state.live or time.monotonic() >= deadline:
+                raise unavailable(f"the deployment cannot serve now: {state.reason}")
+            await asyncio.sleep(0.1)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -164,9 +180,12 @@ def create_app(backend: TritonBackend) -> FastAPI:
             for name, triton_model in deployment.models.items()
         ]}
 
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    @app.get("/health", response_model=None)
+    async def health_probe() -> Any:
+        if health is None:
+            return {"status": "ok"}
+        state = health()
+        return JSONResponse(state.as_dict(), status_code=200 if state.ready else 503)
 
     @app.post("/v1/completions", response_model=None, responses=ERROR_RESPONSES)
     async def completions(req: CompletionRequest) -> Any:
@@ -181,6 +200,7 @@ def create_app(backend: TritonBackend) -> FastAPI:
         if triton_model is None:
             raise OpenAIError(404, f"model {req.model!r} does not exist; this server serves "
                                    f"{', '.join(deployment.models)}", param="model", code="model_not_found")
+        await wait_until_ready()
         prompt_ids = backend.encode(prompt)
         prompt_tokens = len(prompt_ids)
         limit = deployment.max_input_len

@@ -10,6 +10,7 @@ called directly, sees the cancellation and stops. It also gives the prompt's tok
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,6 +186,8 @@ class TritonStream:
             except InferenceServerException as e:
                 raise _triton_error(e.message()) from None
             except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    raise unavailable(f"lost the connection to Triton at {self._url}: {e.details()}") from None
                 raise OpenAIError(500, f"Triton at {self._url}: {e.details()}") from None
             if error is not None:
                 raise _triton_error(error.message())
@@ -199,7 +202,21 @@ class TritonStream:
         self._responses.cancel()
 
 
+#: Triton's Python backend, for a request to a model whose stub process died (python_be.cc)
+DEAD_STUB_RE = re.compile(r"Stub process '[^']*' is not healthy")
+#: what a client is told to wait before it retries a request that met a dead model process
+RETRY_AFTER_S = 5
+
+
+def unavailable(message: str) -> OpenAIError:
+    """A retryable failure: 503 with Retry-After."""
+    return OpenAIError(503, f"{message}; the deployment is recovering, retry in {RETRY_AFTER_S} s",
+                       code="service_unavailable", retry_after_s=RETRY_AFTER_S)
+
+
 def _triton_error(message: str) -> OpenAIError:
     if BAD_REQUEST in message:
         return OpenAIError(400, message[message.index(BAD_REQUEST) + len(BAD_REQUEST):])
+    if DEAD_STUB_RE.search(message):
+        return unavailable(f"a model process of the deployment died ({message})")
     return OpenAIError(500, f"the deployment failed: {message}")

@@ -17,9 +17,12 @@ from trtspec.contract import RequestError, field_by_name
 class OpenAIError(Exception):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        #: a retryable failure (the deployment is recovering): sent as the Retry-After header
+        self.retry_after_s = retry_after_s
 
     @property
     def type(self) -> str:
@@ -52,6 +55,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
           "malformed JSON and values of the wrong type)"},
     404: {"model": ErrorBody, "description": "the model is not served here (`code`: model_not_found)"},
     500: {"model": ErrorBody, "description": "the deployment failed while serving the request"},
+    503: {"model": ErrorBody, "description": "a model process of the deployment died and it is restarting "
+          "(`code`: service_unavailable); retry after the `Retry-After` header's seconds",
+          "headers": {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}},
 }
 
 

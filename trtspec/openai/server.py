@@ -7,8 +7,12 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from trtspec.openai.backend import Deployment, DeploymentError, TritonBackend
+
+if TYPE_CHECKING:
+    from trtspec.server.watchdog import Health
 
 DEFAULT_PORT = 9000
 
@@ -17,11 +21,11 @@ class OpenAIServer:
     """`with OpenAIServer(repo, triton_grpc_address, port=0) as s: ... s.url ...` (port 0: a free one)."""
 
     def __init__(self, repo: Path, grpc_url: str, host: str = "0.0.0.0", port: int = DEFAULT_PORT,
-                 name: str | None = None) -> None:
+                 name: str | None = None, health: Callable[[], Health] | None = None) -> None:
         from trtspec.openai.app import create_app
 
         self.deployment = Deployment.from_repository(repo, name)
-        self.app = create_app(TritonBackend(self.deployment, grpc_url))
+        self.app = create_app(TritonBackend(self.deployment, grpc_url), health)
         self.host, self.port = host, port
         self._server: object | None = None
         self._thread: threading.Thread | None = None

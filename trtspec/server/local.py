@@ -40,6 +40,7 @@ What the bundled (nvidia-pytriton) binary needs, worked out from the wheel and f
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import ctypes.util
 import importlib.metadata
@@ -428,6 +429,7 @@ class LocalTritonServer(TritonServer):
         self._log_fh: IO[bytes] | None = None
         self._shm_prefix = options.python_shm_prefix or f"trtspec{os.getpid()}-{secrets.token_hex(4)}_"
         self._started_at: float | None = None
+        self._append_log = False
         self.ready_after_s: float | None = None
         #: set when stop() had to kill the server (it did not exit within ``options.stop_bound_s``)
         self.stop_reason: str | None = None
@@ -539,7 +541,8 @@ class LocalTritonServer(TritonServer):
             fd, name = tempfile.mkstemp(prefix="trtspec-tritonserver-", suffix=".log")
             os.close(fd)
             self._log_path = Path(name)
-        self._log_fh = open(self._log_path, "wb")  # noqa: SIM115 - lives as long as the server
+        # noqa: SIM115 - lives as long as the server; a restart keeps what the log says about the one before
+        self._log_fh = open(self._log_path, "ab" if self._append_log else "wb")
         self._log_fh.write(f"# trtspec: {' '.join(argv)}\n".encode())
         self._log_fh.flush()
         try:
@@ -617,6 +620,23 @@ class LocalTritonServer(TritonServer):
                 pass
         return proc.returncode
 
+    def restart(self) -> None:
+        """Kill the server and its model processes at once, then start it again on the same ports, appending to
+        the same log (``wait_ready`` next). Requests in flight fail now (their connections close) instead of
+        waiting on a model process that died. The new process is started from a thread that lives as long as
+        this process: ``die_with_parent`` follows the thread that started the server, and a watchdog's thread
+        that restarts it may end first."""
+        proc = self._proc
+        if proc is not None:
+            if proc.poll() is None:
+                _killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            _reap_group(proc.pid, grace=0.0)
+        self._close_log()
+        self._cleanup_shm()
+        self._append_log = True
+        _SPAWNER.submit(self.start).result()
+
     def _close_log(self) -> None:
         if self._log_fh is not None:
             try:
@@ -638,6 +658,10 @@ class LocalTritonServer(TritonServer):
         state = "not started" if self._proc is None else (
             "running" if self.returncode is None else f"exited {self.returncode}")
         return f"<{type(self).__name__} {self.options.repository_path} {state}>"
+
+
+#: starts restarted servers (see ``LocalTritonServer.restart``); its one thread lives until the interpreter exits
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tritonserver-spawner")
 
 
 def _killpg(pgid: int, sig: int) -> bool:

@@ -1,0 +1,242 @@
+"""Health that tells the truth, and recovery without an operator, for a Triton whose Python models can die.
+
+Triton does not notice when a Python-backend model's stub process dies: ``/v2/health/ready`` and
+``/v2/models/<m>/ready`` keep answering 200, every new request to the model fails with ``Stub process '<m>_0_0' is
+not healthy``, and the requests that were in flight on it (and on the models that called it) never end. Reloading
+the model through the model-control API does not help: a load of a model whose files did not change is a no-op,
+and the requests held by the dead instance still never end (measured on the nvidia-pytriton 0.7.0 tritonserver;
+docs/benchmarks/faults.md).
+
+So the watchdog watches the stub processes themselves (every model instance is one
+``triton_python_backend_stub <repo>/<model>/<version>/model.py ...`` process in the server's process group), and
+when one is gone it restarts the server: it kills the whole process group at once (the requests in flight fail now,
+their connections closed), starts it again on the same ports and waits until every model is loaded. Meanwhile the
+deployment is not ready. A server that does not come back within ``give_up_s`` makes it not live (a supervisor such
+as Kubernetes' liveness probe then restarts the pod), and so does a tritonserver that exits on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Protocol
+
+from trtspec.server.base import ServerError, ServerOptions, TritonServer
+from trtspec.server.local import process_group_members
+
+log = logging.getLogger("trtspec.watchdog")
+
+#: the Prometheus counter of the restarts the watchdog made, one series per model whose process died
+RESTARTS_COUNTER = "trtspec_model_restarts_total"
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def stub_processes(pgid: int, repository: Path) -> dict[str, set[int]]:
+    """Model name -> pids of its Python-backend stub processes (one per instance) in the server's process group."""
+    repo = str(Path(repository).resolve())
+    out: dict[str, set[int]] = {}
+    for pid in process_group_members(pgid):
+        argv = _cmdline(pid)
+        if len(argv) < 2 or not argv[0].endswith("triton_python_backend_stub"):
+            continue
+        model_py = Path(argv[1])
+        # <repo>/<model>/<version>/model.py
+        if str(model_py.parent.parent.parent) == repo:
+            out.setdefault(model_py.parent.parent.name, set()).add(pid)
+    return out
+
+
+
+class RestartableServer(Protocol):
+    """What the watchdog needs of a server: ``LocalTritonServer`` is one."""
+
+    options: ServerOptions
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def restart(self) -> None: ...
+
+
+@dataclass
+class Fault:
+    """One model process that died, and the restart that followed (monotonic times)."""
+
+    model: str
+    pid: int
+    detected_at: float
+    recovered_at: float | None = None
+    error: str | None = None
+
+    @property
+    def recovery_s(self) -> float | None:
+        return None if self.recovered_at is None else self.recovered_at - self.detected_at
+
+
+@dataclass
+class Health:
+    """What the probes answer: ready (every model can serve), live (the deployment can still recover)."""
+
+    ready: bool
+    live: bool
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {"status": "ok" if self.ready else ("recovering" if self.live else "dead"), "ready": self.ready,
+                "live": self.live, "reason": self.reason}
+
+
+class ModelWatchdog:
+    """Watches the stub processes of ``server``'s models; restarts the server when one of them died.
+
+    ``health()`` is what the probes answer; ``restarts`` counts restarts per model whose process died; ``faults``
+    lists every death. Start it once the server is ready (``start()`` / ``stop()``, or ``with``).
+    """
+
+    def __init__(
+        self,
+        server: RestartableServer,
+        *,
+        poll_s: float = 0.25,
+        give_up_s: float = 300.0,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.server = server
+        self.poll_s, self.give_up_s = poll_s, give_up_s
+        self.restarts: Counter[str] = Counter()
+        self.faults: list[Fault] = []
+        self._on_event = on_event
+        self._expected: dict[str, set[int]] = {}
+        self._recovering: list[Fault] = []
+        self._dead_reason = ""
+        self._lock = threading.Lock()
+        self._spawning = threading.Lock()  # held while the server's process is replaced
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- what the probes read --------------------------------------------------------------------------------------
+
+    @property
+    def restarting(self) -> bool:
+        with self._lock:
+            return bool(self._recovering)
+
+    def health(self) -> Health:
+        with self._lock:
+            recovering = [f.model for f in self._recovering]
+            dead = self._dead_reason
+            rc = None if recovering else self.server.returncode
+        if dead:
+            return Health(False, False, dead)
+        if rc is not None:
+            return Health(False, False, f"tritonserver exited unexpectedly with code {rc}")
+        if recovering:
+            return Health(False, True, f"restarting: the process of {', '.join(recovering)} died")
+        return Health(True, True)
+
+    def prometheus(self) -> str:
+        """The restarts counter in Prometheus' text format."""
+        lines = [f"# HELP {RESTARTS_COUNTER} Server restarts trtspec made because a model's process died.",
+                 f"# TYPE {RESTARTS_COUNTER} counter"]
+        with self._lock:
+            counts = dict(self.restarts)
+            models = sorted(set(counts) | set(self._expected))
+        lines += [f'{RESTARTS_COUNTER}{{model="{m}"}} {counts.get(m, 0)}' for m in models]
+        return "\n".join(lines) + "\n"
+
+    @property
+    def watched(self) -> Mapping[str, set[int]]:
+        """Model -> the pids of its instances' processes now."""
+        with self._lock:
+            return {m: set(p) for m, p in self._expected.items()}
+
+    # -- the thread ------------------------------------------------------------------------------------------------
+
+    def start(self) -> "ModelWatchdog":
+        if self.server.pid is None:
+            raise RuntimeError("the watchdog needs a running local tritonserver (its process group holds the stubs)")
+        self._expected = self._processes()
+        self._thread = threading.Thread(target=self._run, name="trtspec-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching. A restart under way has its new process started before this returns, so that whoever
+        stops the server next stops that one (the rest of the restart is abandoned)."""
+        self._stop.set()
+        with self._spawning:
+            pass
+        if self._thread is not None:
+            self._thread.join(2.0)  # a restart in progress is abandoned: the server is being stopped anyway
+            self._thread = None
+
+    def __enter__(self) -> "ModelWatchdog":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _processes(self) -> dict[str, set[int]]:
+        pid = self.server.pid
+        return stub_processes(pid, self.server.options.repository_path) if pid is not None else {}
+
+    def _event(self, message: str) -> None:
+        log.warning(message)
+        if self._on_event is not None:
+            self._on_event(message)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            if self.server.returncode is not None:
+                return  # Triton died on its own: health() says so, and whoever runs it exits
+            current = self._processes()
+            faults = [Fault(m, min(pids - current.get(m, set())), time.monotonic())
+                      for m, pids in self._expected.items() if pids - current.get(m, set())]
+            if faults and self.server.returncode is None:
+                self._restart(faults)
+
+    def _restart(self, faults: list[Fault]) -> None:
+        with self._lock:
+            self._recovering = faults
+            self.faults += faults
+        for f in faults:
+            self._event(f"model {f.model}: its process {f.pid} died; not ready, restarting tritonserver")
+        error = None
+        try:
+            with self._spawning:
+                if self._stop.is_set():
+                    return
+                self.server.restart()
+            TritonServer.wait_ready(self.server, self.give_up_s)  # type: ignore[arg-type] - same ports, always
+        except ServerError as e:
+            error = str(e).splitlines()[0]
+        now = time.monotonic()
+        with self._lock:
+            if error is None:
+                self._expected = self._processes()
+                for f in faults:
+                    f.recovered_at = now
+                    self.restarts[f.model] += 1
+            else:
+                for f in faults:
+                    f.error = error
+                self._dead_reason = f"tritonserver did not come back after {', '.join(f.model for f in faults)} " \
+                                    f"died: {error}"
+            self._recovering = []
+        if error is None:
+            self._event(f"tritonserver restarted in {now - faults[0].detected_at:.1f} s; ready")
+        else:
+            self._event(f"{self._dead_reason}; reporting not live")
