@@ -6,6 +6,8 @@ its bonus token is the decode's next token; a request stepped in a batch of 16 i
 alone. Where device.BATCH_INVARIANT says a dtype is batch-invariant, a position's logits are also asserted
 bitwise equal across decode, verify and batch."""
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 
@@ -23,25 +25,17 @@ def _prompts(n):
 
 @pytest.fixture(scope="module", params=DTYPES)
 def pair(request, demo_pair):
-    with pytest.warns(UserWarning) if request.param == "bfloat16" and "bf16" not in _native() else _no_warning():
+    with pytest.warns(UserWarning, match="without native bf16") if request.param == "bfloat16" and not _native_bf16() else nullcontext():
         target = ReferenceEngine(demo_pair.target, device="cpu", dtype=request.param)
     draft = ReferenceEngine(demo_pair.draft, device="cpu", dtype=request.param, salt=1)
     assert next(target.model.parameters()).dtype == getattr(torch, request.param)  # an explicit dtype is honoured
     return request.param, target, draft
 
 
-def _native():
+def _native_bf16() -> bool:
     from trtspec.reference_engine.device import choose_precision
 
-    return "bf16" if choose_precision("bfloat16", "cpu").warning is None else ""
-
-
-class _no_warning:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+    return choose_precision("bfloat16", "cpu").warning is None
 
 
 def _together(engine, reqs):
