@@ -53,6 +53,7 @@ def test_cpu_flags_read_from_cpuinfo(tmp_path):
 def test_doctor_line_says_what_and_why():
     line = describe_precision("auto", "cpu")
     assert line.startswith(("float32 (auto", "bfloat16 (auto")) and "batch-invariant" in line
+    assert "greedy tokens can change with the batch" in describe_precision("bfloat16", "cpu")
 
 
 def _config(tmp_path, engine, dtype):

@@ -113,8 +113,8 @@ def pick_device(device: str) -> str:
 def describe_precision(requested: str, device: str = "auto") -> str:
     """One line for `trtspec doctor`: the dtype the engine would pick here, why, and whether it is batch-invariant."""
     p = choose_precision(requested, pick_device(device))
+    tokens = "greedy tokens can change with the batch" if p.dtype == "bfloat16" and not BATCH_EXACT_BF16 else "greedy tokens stay identical"
     invariant = "batch-invariant" if p.batch_invariant else (
-        "not batch-invariant: a position's logits can differ in the last bits between a decode, a verify and a "
-        "batch (greedy tokens stay identical)"
+        f"not batch-invariant: a position's logits can differ in the last bits between a decode, a verify and a batch ({tokens})"
     )
     return f"{p.dtype} ({p.reason}); {invariant}" + (f"; warning: {p.warning}" if p.warning else "")
