@@ -3,14 +3,16 @@
 For every dtype the engine offers on this device: greedy speculative output (demo draft proposing, target
 verifying) is token-identical to target-only; a verify of the target's own continuation accepts all of it and
 its bonus token is the decode's next token; a request stepped in a batch of 16 is token-identical to itself
-alone. Where device.BATCH_INVARIANT says a dtype is batch-invariant, a position's logits are also asserted
+alone (except bf16, measured not: device.BATCH_EXACT_BF16). Where device.BATCH_INVARIANT says a dtype is batch-invariant, a position's logits are also asserted
 bitwise equal across decode, verify and batch."""
+
+from contextlib import nullcontext
 
 import pytest
 import torch
 
 from trtspec.reference_engine import EngineRequest, ReferenceEngine
-from trtspec.reference_engine.device import BATCH_INVARIANT
+from trtspec.reference_engine.device import BATCH_EXACT_BF16, BATCH_INVARIANT
 
 DTYPES = ["float32", "bfloat16"]
 PROMPT = [1, 9690, 314, 253, 7018, 11173, 28, 3781, 2]  # tokens of the demo vocabulary
@@ -23,25 +25,17 @@ def _prompts(n):
 
 @pytest.fixture(scope="module", params=DTYPES)
 def pair(request, demo_pair):
-    with pytest.warns(UserWarning) if request.param == "bfloat16" and "bf16" not in _native() else _no_warning():
+    with pytest.warns(UserWarning, match="without native bf16") if request.param == "bfloat16" and not _native_bf16() else nullcontext():
         target = ReferenceEngine(demo_pair.target, device="cpu", dtype=request.param)
     draft = ReferenceEngine(demo_pair.draft, device="cpu", dtype=request.param, salt=1)
     assert next(target.model.parameters()).dtype == getattr(torch, request.param)  # an explicit dtype is honoured
     return request.param, target, draft
 
 
-def _native():
+def _native_bf16() -> bool:
     from trtspec.reference_engine.device import choose_precision
 
-    return "bf16" if choose_precision("bfloat16", "cpu").warning is None else ""
-
-
-class _no_warning:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+    return choose_precision("bfloat16", "cpu").warning is None
 
 
 def _together(engine, reqs):
@@ -80,8 +74,10 @@ def test_verify_of_the_targets_own_tokens_accepts_all_and_matches_decode(pair):
         assert (verified.generation_logits == solo.generation_logits).all()
 
 
-def test_a_request_in_a_batch_of_16_equals_itself_alone(pair):
+def test_a_request_in_a_batch_of_16_equals_itself_alone(pair, request):
     dtype, target, _ = pair
+    if dtype == "bfloat16" and not BATCH_EXACT_BF16:  # strict: passing means dtype auto may pick bf16 again
+        request.applymarker(pytest.mark.xfail(strict=True, reason="bf16 greedy tokens change with the batch"))
     reqs = [EngineRequest(p, output_len=6, return_generation_logits=True) for p in _prompts(16)]
     reqs[3] = EngineRequest(reqs[3].input_ids, output_len=2, draft_ids=[28, 253, 314], return_generation_logits=True)
     solo = [target.run(r) for r in reqs]

@@ -11,14 +11,17 @@ ZEN4 = ZEN3 | {"avx512f", "avx512_bf16"}
 SAPPHIRE_RAPIDS = ZEN3 | {"avx512f", "amx_bf16", "amx_tile", "avx512_fp16"}
 
 
-@pytest.mark.parametrize(
-    ("flags", "dtype"), [(ZEN3, "float32"), (ZEN4, "bfloat16"), (SAPPHIRE_RAPIDS, "bfloat16"), (frozenset(), "float32")]
-)
-def test_auto_picks_bf16_only_where_the_cpu_computes_it_natively(flags, dtype):
+@pytest.mark.parametrize(("flags", "native"), [(ZEN3, False), (ZEN4, True), (SAPPHIRE_RAPIDS, True), (frozenset(), False)])
+@pytest.mark.parametrize("bf16_exact", [False, True])
+def test_auto_picks_bf16_only_where_the_cpu_computes_it_natively_and_it_is_exact(flags, native, bf16_exact, monkeypatch):
+    from trtspec.reference_engine import device
+
+    monkeypatch.setattr(device, "BATCH_EXACT_BF16", bf16_exact)
     p = choose_precision("auto", "cpu", flags)
-    assert p.dtype == dtype and p.warning is None
-    assert ("computes bf16 natively" in p.reason) == (dtype == "bfloat16")
-    assert ("no native bf16" in p.reason) == (dtype == "float32")
+    assert p.dtype == ("bfloat16" if native and bf16_exact else "float32") and p.warning is None
+    assert ("computes bf16 natively" in p.reason) == native
+    assert ("no native bf16" in p.reason) == (not native)
+    assert ("tokens change with the batch" in p.reason) == (native and not bf16_exact)
 
 
 def test_explicit_dtypes_are_honoured_with_a_warning_where_the_cpu_lacks_them():
@@ -50,6 +53,7 @@ def test_cpu_flags_read_from_cpuinfo(tmp_path):
 def test_doctor_line_says_what_and_why():
     line = describe_precision("auto", "cpu")
     assert line.startswith(("float32 (auto", "bfloat16 (auto")) and "batch-invariant" in line
+    assert "greedy tokens can change with the batch" in describe_precision("bfloat16", "cpu")
 
 
 def _config(tmp_path, engine, dtype):

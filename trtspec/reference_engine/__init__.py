@@ -28,7 +28,7 @@ steps many together, one forward pass over all of them per step (the executor's 
 Modules: engine (ReferenceEngine: the forward and the request's steps), request (EngineRequest,
 EngineResult), prefix_cache (PrefixCache, share_prefix, memory release), tensor_io (the tensorrtllm
 backend's tensors in and out), device (device, precision, CPU tuning), draft_vocab (a draft's reduced
-vocabulary).
+vocabulary), limits (the step against the machine's weight-streaming limit: trtspec bench-engine).
 """
 
 from trtspec.reference_engine.device import _DTYPES, Precision, choose_precision, cpu_flags, pick_device, tune_for_cpu

@@ -35,8 +35,7 @@ def plain_lm_head(model: torch.nn.Module) -> torch.Tensor | None:
 
     With it the engine computes a step's logits as head @ hidden^T: MKL then streams the 49k-row head once
     for all the step's rows. The usual hidden @ head^T packs the whole head for every call with more than
-    one row (a verify, a batch): 1-row GEMV 11.5 ms, 4 rows 42 ms that way against 28 ms this way (demo
-    target's head, fp32, 2 threads, AMD EPYC Zen 3)."""
+    one row (a verify, a batch), several times the head's bytes (docs/benchmarks/engine.md)."""
     head = model.get_output_embeddings()
     config = model.config
     plain = isinstance(head, torch.nn.Linear) and head.bias is None and not any(
