@@ -8,7 +8,7 @@ Triton: total tok/s at M rows over tok/s at 1 row is the best c=M / c=1 any serv
 
 Each cell: M sequences with --context tokens of KV cache each, one-token decode rows, the best of --reps
 runs of --steps steps. The engine stores Linear weights column-major when loaded with one torch thread
-(trtspec.reference_engine.tune_for_cpu); "as stored" is the checkpoint's own layout, loaded with two.
+(trtspec.reference_engine.device.tune_for_cpu); "as stored" is the checkpoint's own layout, loaded with two.
 """
 
 from __future__ import annotations

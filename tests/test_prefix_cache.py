@@ -138,7 +138,7 @@ def test_default_budget_holds_a_full_batch_of_max_seq_len(tiny_target, tmp_path)
 def test_evictions_hand_memory_back_once_per_burst_not_per_eviction(monkeypatch):
     import time
 
-    import trtspec.reference_engine as engine_module
+    import trtspec.reference_engine.prefix_cache as engine_module
 
     if engine_module._malloc_trim() is None:
         pytest.skip("not glibc: no malloc_trim")

@@ -1,0 +1,256 @@
+"""ReferenceEngine: the model, its forward over a ragged batch, and a request as a generator of forward steps
+(see the package docstring for the executor semantics it follows)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from trtspec.ragged import ATTENTION, RaggedBatch, Segment, register as register_attention
+from trtspec.reference_engine.device import _DTYPES, pick_device, tune_for_cpu
+from trtspec.reference_engine.draft_vocab import draft_head, load_draft_vocab
+from trtspec.reference_engine.prefix_cache import PrefixCache, cache_nbytes
+from trtspec.reference_engine.request import EngineRequest, EngineResult, Steps
+from trtspec.speculative import (
+    SamplingParams,
+    find_stop,
+    probabilities,
+    sample,
+    verify_by_target_sample,
+    verify_greedy,
+    verify_rejection,
+)
+
+
+class ReferenceEngine:
+    def __init__(
+        self,
+        checkpoint: str | Path,
+        device: str = "auto",
+        dtype: str = "float32",
+        cache_entries: int = 16,
+        cache_bytes: int | None = None,
+        cache_tokens: int | None = None,
+        salt: int = 0,
+        use_draft_vocab: bool = False,
+    ):
+        from transformers import AutoModelForCausalLM
+
+        self.device = pick_device(device)
+        if self.device == "cpu" and dtype != "float32":
+            dtype = "float32"  # half precision matmuls are several times slower on CPU
+        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=_DTYPES[dtype]).to(self.device)
+        self.model.eval()
+        register_attention()
+        self.model.set_attn_implementation(ATTENTION)
+        if self.device == "cpu":
+            tune_for_cpu(self.model)
+        self.vocab_size = int(self.model.config.vocab_size)
+        # With a draft vocabulary the head scores only those ids; every other logit is -inf, so greedy and
+        # sampled proposals and the draft logits returned for rejection sampling all stay within it.
+        self.draft_vocab: torch.Tensor | None = None
+        ids = load_draft_vocab(checkpoint, self.vocab_size) if use_draft_vocab else None
+        if ids is not None:
+            try:
+                self._draft_head_t = draft_head(self.model, ids)
+            except ValueError as e:
+                raise ValueError(f"{checkpoint}: {e}") from None
+            self.draft_vocab = torch.tensor(ids, dtype=torch.long, device=self.device)
+        if cache_bytes is None and cache_tokens:  # a budget in tokens: this model's KV bytes per token decide
+            cache_bytes = cache_tokens * self.kv_bytes_per_token()
+        self.cache = PrefixCache(cache_entries, cache_bytes)
+        self.salt = salt  # decorrelates the random streams of the draft and the target under one seed
+
+    def kv_bytes_per_token(self) -> int:
+        """Measured: the KV cache one token leaves behind (any architecture, dtype and head layout)."""
+        from transformers import DynamicCache
+
+        segment = Segment(DynamicCache(config=self.model.config), [0], 0, 1)
+        self.forward([segment])
+        return cache_nbytes(segment.cache)
+
+    # ------------------------------------------------------------------ forward with prefix reuse
+
+    def _open(self, tokens: list[int], need_logits: int = 1) -> tuple[Segment, int]:
+        """The segment that computes what `tokens` adds to its longest cached prefix (the cache taken out of
+        the prefix cache), and how many tokens the cache served."""
+        from transformers import DynamicCache
+
+        cache, reuse = self.cache.take(tokens)
+        reuse = min(reuse, len(tokens) - need_logits)
+        if cache is None or reuse == 0:
+            cache, reuse = DynamicCache(config=self.model.config), 0
+        elif cache.get_seq_length() > reuse:
+            cache.crop(reuse - cache.get_seq_length())  # negative: drop that many (transformers 4.x and 5.x)
+        return Segment(cache, list(tokens[reuse:]), reuse, need_logits), reuse
+
+    def forward(self, segments: list[Segment]) -> None:
+        """One forward pass over all segments; sets each one's logits (raw, float32) and extends its cache.
+        Only the wanted rows go through the LM head: with a 49k vocabulary the head over a whole prompt
+        would cost as much as the prefill itself."""
+        batch = RaggedBatch(segments)
+        ids, pos, rows = batch.inputs(self.device)
+        with torch.inference_mode():
+            if self.draft_vocab is None:
+                out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=rows, **batch.kwargs())
+                logits = out.logits[0].float()
+            else:
+                out = self.model.base_model(input_ids=ids, position_ids=pos, use_cache=False, **batch.kwargs())
+                scores = (out.last_hidden_state[0, rows] @ self._draft_head_t).float()
+                logits = torch.full((len(rows), self.vocab_size), float("-inf"), device=scores.device)
+                logits[:, self.draft_vocab] = scores
+        batch.split_logits(logits)
+
+    def _rng(self, req: EngineRequest) -> np.random.Generator:
+        kind = 1 if req.draft_ids else 0
+        if req.seed is None:
+            return np.random.default_rng()
+        return np.random.default_rng([int(req.seed), len(req.input_ids), kind, self.salt])
+
+    @staticmethod
+    def _process(raw: np.ndarray, context: Sequence[int], req: EngineRequest, generated: int) -> np.ndarray:
+        """The logits the executor samples from, in penaltyKernels.cu's order (module docstring)."""
+        x = np.array(raw, dtype=np.float32)
+        if req.embedding_bias is not None:
+            x += req.embedding_bias
+        if req.sampling.temperature > 0:  # unset (0 here) is TensorRT-LLM's default 1.0
+            x /= np.float32(req.sampling.temperature)
+        rep, pres, freq = req.repetition_penalty, req.presence_penalty, req.frequency_penalty
+        if rep not in (None, 1.0) or pres or freq:
+            ids, counts = np.unique(np.asarray(context, dtype=np.int64), return_counts=True)
+            keep = ids < len(x)
+            ids, counts = ids[keep], counts[keep]
+            v = x[ids]
+            if rep not in (None, 1.0):
+                v = np.where(v < 0, v * rep, v / rep)
+            if pres:
+                v = v - pres
+            if freq:
+                v = v - freq * counts
+            x[ids] = v
+        banned = [w[-1] for w in req.bad_words if w and list(context[len(context) - len(w) + 1 :]) == list(w[:-1])]
+        if req.end_id is not None and generated < req.min_tokens:
+            banned.append(req.end_id)
+        banned = [b for b in banned if 0 <= b < len(x)]
+        if banned:
+            x[banned] = -np.inf
+        return x
+
+    @staticmethod
+    def _sampling(req: EngineRequest) -> SamplingParams:
+        """Temperature is already in the processed logits: what is left is top-k/top-p (or greedy)."""
+        return req.sampling if req.sampling.greedy else dataclasses.replace(req.sampling, temperature=1.0)
+
+    @staticmethod
+    def _log_prob(row: np.ndarray, token: int) -> float:
+        finite = row[np.isfinite(row)]
+        m = finite.max()
+        return float(row[token] - m - np.log(np.exp(finite - m).sum()))
+
+    # ------------------------------------------------------------------ the two request kinds
+
+    def run(self, req: EngineRequest) -> EngineResult:
+        """Serve one request alone (a batch of one at every step)."""
+        steps = self.steps(req)
+        try:
+            segment = next(steps)
+            while True:
+                self.forward([segment])
+                segment = steps.send(None)
+        except StopIteration as done:
+            return done.value
+
+    def steps(self, req: EngineRequest) -> Steps:
+        """The request as a generator of forward steps: it yields a Segment, expects its logits set (by
+        `forward`, alone or batched with other requests' segments), and returns the EngineResult. The
+        request is checked here, before the first step."""
+        if not req.input_ids:
+            raise ValueError("input_ids is empty")
+        if req.embedding_bias is not None and req.embedding_bias.shape != (self.vocab_size,):
+            raise ValueError(f"embedding_bias must hold one value per vocabulary entry ({self.vocab_size}), got shape {req.embedding_bias.shape}")
+        if req.draft_ids:
+            return self._verify(req)
+        return self._generate(req)
+
+    def _generate(self, req: EngineRequest) -> Steps:
+        rng = self._rng(req)
+        n_in = len(req.input_ids)
+        tokens = list(req.input_ids)
+        result = EngineResult(tokens, input_len=n_in)
+        logits_rows: list[np.ndarray] = []
+        log_probs: list[float] = []
+        sampling = self._sampling(req)
+        for step in range(req.output_len):
+            need = n_in if step == 0 and req.return_context_logits else 1
+            segment, reuse = self._open(tokens, need)
+            yield segment
+            logits, cache, n_computed = segment.logits, segment.cache, len(segment.tokens)
+            if step == 0:
+                result.reused_tokens = reuse
+                if req.return_context_logits:
+                    result.context_logits = logits.cpu().numpy().astype(np.float32)
+            result.computed_tokens += n_computed
+            raw = logits[-1].cpu().numpy()
+            self.cache.put(list(tokens), cache)
+            if req.return_generation_logits:
+                logits_rows.append(raw)
+            row = self._process(raw, tokens, req, step)
+            t = int(row.argmax()) if sampling.greedy else sample(probabilities(row, sampling), rng)
+            result.last_token_ns = time.monotonic_ns()
+            result.first_token_ns = result.first_token_ns or result.last_token_ns
+            if req.end_id is not None and t == req.end_id:
+                break  # the end token is not output and not counted
+            tokens.append(t)
+            log_probs.append(self._log_prob(row, t))
+            if req.stop_words and find_stop(tokens, req.stop_words, start=n_in) is not None:
+                break
+        if logits_rows:
+            result.generation_logits = np.stack(logits_rows).astype(np.float32)
+        if req.return_log_probs:
+            result.log_probs = log_probs
+        return result
+
+    def _verify(self, req: EngineRequest) -> Steps:
+        seq, draft = list(req.input_ids), [int(t) for t in req.draft_ids or []]
+        k = len(draft)
+        need = len(seq) + k if req.return_context_logits else k + 1
+        segment, reuse = self._open(seq + draft, need)
+        yield segment
+        logits, n_computed = segment.logits, len(segment.tokens)
+        self.cache.put(seq + draft, segment.cache, committed=len(seq))
+        all_rows = logits.cpu().numpy()
+        raw = all_rows[-(k + 1) :]
+        rows = np.stack([self._process(raw[i], seq + draft[:i], req, i) for i in range(k + 1)])
+        sampling = self._sampling(req)
+        if sampling.greedy:
+            v = verify_greedy(draft, rows.argmax(axis=-1).tolist())
+        else:
+            rng = self._rng(req)
+            p = probabilities(rows, sampling)
+            if req.draft_logits is not None and len(req.draft_logits) >= k:
+                q = probabilities(np.asarray(req.draft_logits[-k:], dtype=np.float64), req.sampling)
+                v = verify_rejection(draft, q, p, rng)
+            else:
+                v = verify_by_target_sample(draft, p, rng)
+        new = v.tokens
+        if req.end_id is not None and req.end_id in new:  # the end token ends the sequence, unoutput
+            new = new[: new.index(req.end_id)]
+        now = time.monotonic_ns()
+        return EngineResult(
+            seq + new,
+            input_len=len(seq),
+            generation_logits=raw[: len(new)].astype(np.float32) if req.return_generation_logits and new else None,
+            context_logits=all_rows[: len(seq)].astype(np.float32) if req.return_context_logits else None,
+            log_probs=[self._log_prob(rows[i], t) for i, t in enumerate(new)] if req.return_log_probs else None,
+            num_draft_tokens=k,
+            num_accepted=v.num_accepted,
+            reused_tokens=reuse,
+            computed_tokens=n_computed,
+            first_token_ns=now,
+            last_token_ns=now,
+        )
