@@ -16,6 +16,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, TypeAdapter, Valida
 
 from trtspec.contract.fields import DRAFT_LENGTH_POLICIES
 from trtspec.drafters import SELECTIONS
+from trtspec.methods import NAMES as METHOD_NAMES, default_method, problems as method_problems
 
 
 class ConfigError(Exception):
@@ -100,6 +101,11 @@ class AdaptivePolicy(_Strict):
 
 
 class SpeculativeConfig(_Strict):
+    method: Literal[METHOD_NAMES] | None = Field(  # type: ignore[valid-type]
+        default=None,
+        description="how the deployment drafts (trtspec/methods.py): draft_model, eagle3 (draft.checkpoint is an "
+        "EAGLE-3 head), mtp (the target's own MTP layers), ngram; default: draft_model with a draft, ngram without",
+    )
     max_draft_len: Annotated[int, Field(ge=1, le=64)] = 8
     num_draft_tokens: Annotated[int, Field(ge=0, le=64)] = 4
     use_draft_logits: bool = False
@@ -246,11 +252,16 @@ class BuildConfig(_Strict):
 
     @model_validator(mode="after")
     def _pair(self) -> "BuildConfig":
-        if self.draft is None and self.speculative.draft_source != "ngram":
-            raise ValueError(
-                f"draft is required with speculative.draft_source: {self.speculative.draft_source}; "
-                "add a draft: section or set speculative.draft_source: ngram"
-            )
+        spec = self.speculative
+        explicit = spec.method is not None
+        if not explicit:
+            # Configs written before `method` keep their meaning; set without re-validating (validate_assignment).
+            object.__setattr__(spec, "method", default_method(self.draft is not None, spec.draft_source, self.engine.value))
+        elif spec.method == "ngram" and "draft_source" not in spec.model_fields_set:
+            object.__setattr__(spec, "draft_source", "ngram")
+        bad = method_problems(spec.method, self.engine.value, self.draft is not None, spec.draft_source)
+        if bad:
+            raise ValueError("; ".join(bad))
         if self.draft is not None and self.draft.quantization == "fp8" and self.engine is EngineKind.reference:
             raise ValueError(
                 "draft.quantization: fp8 needs engine: tensorrt_llm or llmapi (the reference engine runs HF weights as they are)"
