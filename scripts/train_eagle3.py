@@ -179,7 +179,7 @@ def make_jobs(tok, args) -> list[dict]:
 def stage_gen(args, deadline: float | None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trtspec import eagle3
+    from trtspec.reference_engine import eagle3
 
     target_dir = demo_pair.ensure_target(progress=log)
     tok = AutoTokenizer.from_pretrained(target_dir)
@@ -233,7 +233,7 @@ def target_tensors(target_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def init_head(cfg: dict, tt: dict, vocab_ids: list[int], layers: list[int], seed: int):
-    from trtspec import eagle3
+    from trtspec.reference_engine import eagle3
 
     torch.manual_seed(seed)
     embed = tt["model.embed_tokens.weight"]
@@ -372,7 +372,7 @@ def lr_at(step: int, total: int, peak: float, warmup: int, floor: float) -> floa
 def stage_train(args) -> None:
     from transformers import AutoConfig
 
-    from trtspec import eagle3
+    from trtspec.reference_engine import eagle3
 
     t_start = time.monotonic()
     budget_end = t_start + args.train_min * 60 if args.train_min > 0 else None
@@ -471,7 +471,7 @@ def coverage(seqs: list[dict], vocab_ids: list[int]) -> float:
 def write_head(args, head, cfg, seqs, n_params, history, step, epoch, train_s) -> None:
     from safetensors.torch import save_file
 
-    from trtspec import eagle3
+    from trtspec.reference_engine import eagle3
 
     out = args.out if not args.smoke else args.work / "smoke_out"
     out.mkdir(parents=True, exist_ok=True)

@@ -67,6 +67,22 @@ class EngineDrafter:
         return self._draft(seq, k, want_logits)
 
 
+class TargetDrafter:
+    """The target engine's own drafter (EAGLE-3 in the engine, as TensorRT-LLM's one-model path): each target
+    answer carries the draft for the next call (`next_draft_ids`), so proposing costs no call."""
+
+    def __init__(self) -> None:
+        self.next: list[int] = []
+
+    def propose(self, seq: Sequence[int], k: int, want_logits: bool = False) -> Proposal:
+        return Proposal(self.next[:k])
+
+
+def drafts_in_target(settings: Any) -> bool:
+    """The deployment's "model" drafter lives in the target engine (speculative.method eagle3)."""
+    return getattr(settings.speculative, "method", None) == "eagle3"
+
+
 @dataclass(frozen=True)
 class DraftSource:
     name: str
@@ -78,7 +94,13 @@ class DraftSource:
 
 
 SOURCES: dict[str, DraftSource] = {
-    "model": DraftSource("model", "the draft model", True, lambda settings, call: EngineDrafter(call), gives_logits=True),
+    "model": DraftSource(
+        "model",
+        "the deployment's drafter: the draft model, or the target engine's EAGLE-3 head",
+        True,
+        lambda settings, call: TargetDrafter() if drafts_in_target(settings) else EngineDrafter(call),
+        gives_logits=True,
+    ),
     "ngram": DraftSource(
         "ngram",
         "prompt lookup in the running sequence, in the loop's process",

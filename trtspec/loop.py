@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trtspec.config import SpeculativeConfig
 from trtspec.contract import REQUEST_FIELDS, RequestError
-from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal
+from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target
 from trtspec.metrics import SpecStats
 from trtspec.speculative import DraftLengthPolicy, PayoffGate, draft_len_at_load, find_stop
 from trtspec.triton_io import to_words_list
@@ -109,7 +109,7 @@ def validate(req: LoopRequest, settings: LoopSettings) -> None:
             "(the target engine was built for at most max_draft_len draft tokens)"
         )
     source = req.draft_source or settings.speculative.draft_source
-    if not settings.draft_disabled and settings.draft_model is None and any(
+    if not settings.draft_disabled and settings.draft_model is None and not drafts_in_target(settings) and any(
         SOURCES[s].needs_draft_model for s in SELECTIONS[source]
     ):
         raise RequestError(
@@ -184,9 +184,11 @@ class SpeculativeLoop:
 
         return draft
 
-    def _verify(self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray], min_tokens: int) -> list[int]:
+    def _verify(self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray], min_tokens: int,
+                in_target: TargetDrafter | None = None, next_k: int = 0) -> list[int]:
         """`common`: the request's sampling and stop-word tensors, built once per request; `min_tokens`: how many
-        more tokens the request must generate before the end token may come (each call is a new engine request)."""
+        more tokens the request must generate before the end token may come (each call is a new engine request);
+        `in_target`: the drafter that takes the target's draft for the next call (next_k tokens) from this answer."""
         tensors = dict(common)
         tensors.update(
             input_ids=np.array([seq], dtype=np.int32),
@@ -199,7 +201,13 @@ class SpeculativeLoop:
             tensors["draft_input_ids"] = np.array([proposal.tokens], dtype=np.int32)
             if proposal.logits is not None:
                 tensors["draft_logits"] = proposal.logits
-        out = self.call(self.settings.target_model, tensors, ["output_ids", "sequence_length"])
+        wanted = ["output_ids", "sequence_length"]
+        if in_target is not None and next_k:
+            tensors["next_draft_len"] = _i32(next_k)
+            wanted.append("next_draft_ids")
+        out = self.call(self.settings.target_model, tensors, wanted)
+        if in_target is not None:
+            in_target.next = [int(x) for x in np.asarray(out.get("next_draft_ids", [])).reshape(-1)]
         return self._new_tokens(out, len(seq))
 
     # -------------------------------------------------------------- the loop
@@ -212,7 +220,7 @@ class SpeculativeLoop:
         return [
             (name, SOURCES[name].make(self.settings, call))
             for name in SELECTIONS[selection]
-            if self.settings.draft_model is not None or not SOURCES[name].needs_draft_model
+            if self.settings.draft_model is not None or not SOURCES[name].needs_draft_model or drafts_in_target(self.settings)
         ]
 
     def run(self, req: LoopRequest) -> Iterator[Step]:
@@ -223,6 +231,7 @@ class SpeculativeLoop:
         common = self._sampling_tensors(req)
         verify_common = dict(common, stop_words_list=to_words_list(req.stop_words)) if req.stop_words else common
         drafters = self._drafters(req.draft_source or spec.draft_source, common)
+        in_target = next((d for _, d in drafters if isinstance(d, TargetDrafter)), None)
         policy_name = req.draft_length_policy or spec.draft_length_policy
         adaptive = policy_name == "adaptive"
         gate = (
@@ -272,7 +281,7 @@ class SpeculativeLoop:
                     break
             draft = proposal.tokens
             stats.load_paused_iterations += bool(lookup_only and k and not draft)  # the model would have drafted
-            new = self._verify(seq, proposal, verify_common, (req.min_tokens or 0) - len(generated))
+            new = self._verify(seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), in_target, k_req)
             accepted = 0
             while accepted < min(len(draft), len(new)) and new[accepted] == draft[accepted]:
                 accepted += 1

@@ -14,6 +14,7 @@ import torch
 from trtspec.ragged import ATTENTION, RaggedBatch, Segment, register as register_attention
 from trtspec.reference_engine.device import _DTYPES, pick_device, tune_for_cpu
 from trtspec.reference_engine.draft_vocab import draft_head, load_draft_vocab
+from trtspec.reference_engine.eagle3 import InEngineDrafter
 from trtspec.reference_engine.prefix_cache import PrefixCache, cache_nbytes
 from trtspec.reference_engine.request import EngineRequest, EngineResult, Steps
 from trtspec.speculative import (
@@ -38,6 +39,7 @@ class ReferenceEngine:
         cache_tokens: int | None = None,
         salt: int = 0,
         use_draft_vocab: bool = False,
+        eagle3_head: str | Path | None = None,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -65,6 +67,8 @@ class ReferenceEngine:
             cache_bytes = cache_tokens * self.kv_bytes_per_token()
         self.cache = PrefixCache(cache_entries, cache_bytes)
         self.salt = salt  # decorrelates the random streams of the draft and the target under one seed
+        # An EAGLE-3 head drafting in this engine: a request's next_draft_len asks it for the next call's draft.
+        self.eagle3 = InEngineDrafter(eagle3_head, self.model, cache_entries) if eagle3_head else None
 
     def kv_bytes_per_token(self) -> int:
         """Measured: the KV cache one token leaves behind (any architecture, dtype and head layout)."""
@@ -76,13 +80,14 @@ class ReferenceEngine:
 
     # ------------------------------------------------------------------ forward with prefix reuse
 
-    def _open(self, tokens: list[int], need_logits: int = 1) -> tuple[Segment, int]:
+    def _open(self, tokens: list[int], need_logits: int = 1, max_reuse: int | None = None) -> tuple[Segment, int]:
         """The segment that computes what `tokens` adds to its longest cached prefix (the cache taken out of
-        the prefix cache), and how many tokens the cache served."""
+        the prefix cache), and how many tokens the cache served (at most `max_reuse`: the EAGLE-3 head needs the
+        features of every position its own cache lacks)."""
         from transformers import DynamicCache
 
         cache, reuse = self.cache.take(tokens)
-        reuse = min(reuse, len(tokens) - need_logits)
+        reuse = min(reuse, len(tokens) - need_logits, len(tokens) if max_reuse is None else max_reuse)
         if cache is None or reuse == 0:
             cache, reuse = DynamicCache(config=self.model.config), 0
         elif cache.get_seq_length() > reuse:
@@ -105,6 +110,10 @@ class ReferenceEngine:
                 logits = torch.full((len(rows), self.vocab_size), float("-inf"), device=scores.device)
                 logits[:, self.draft_vocab] = scores
         batch.split_logits(logits)
+        if self.eagle3 is not None:
+            feats = self.eagle3.features()
+            for seg, (s, e) in zip(segments, batch.bounds):
+                seg.features = feats[s:e]
 
     def _rng(self, req: EngineRequest) -> np.random.Generator:
         kind = 1 if req.draft_ids else 0
@@ -173,6 +182,9 @@ class ReferenceEngine:
             raise ValueError("input_ids is empty")
         if req.embedding_bias is not None and req.embedding_bias.shape != (self.vocab_size,):
             raise ValueError(f"embedding_bias must hold one value per vocabulary entry ({self.vocab_size}), got shape {req.embedding_bias.shape}")
+        if req.next_draft_len and self.eagle3 is None:
+            raise ValueError("next_draft_len: this engine has no EAGLE-3 head to draft with (deploy with "
+                             "speculative.method: eagle3); leave next_draft_len out")
         if req.draft_ids:
             return self._verify(req)
         return self._generate(req)
@@ -185,10 +197,14 @@ class ReferenceEngine:
         logits_rows: list[np.ndarray] = []
         log_probs: list[float] = []
         sampling = self._sampling(req)
+        head = self.eagle3.begin(tokens) if req.next_draft_len else None
+        feats = _Features()
+        ended = False
         for step in range(req.output_len):
             need = n_in if step == 0 and req.return_context_logits else 1
-            segment, reuse = self._open(tokens, need)
+            segment, reuse = self._open(tokens, need, head.length if head is not None and step == 0 else None)
             yield segment
+            feats.add(segment)
             logits, cache, n_computed = segment.logits, segment.cache, len(segment.tokens)
             if step == 0:
                 result.reused_tokens = reuse
@@ -204,6 +220,7 @@ class ReferenceEngine:
             result.last_token_ns = time.monotonic_ns()
             result.first_token_ns = result.first_token_ns or result.last_token_ns
             if req.end_id is not None and t == req.end_id:
+                ended = True
                 break  # the end token is not output and not counted
             tokens.append(t)
             log_probs.append(self._log_prob(row, t))
@@ -213,13 +230,16 @@ class ReferenceEngine:
             result.generation_logits = np.stack(logits_rows).astype(np.float32)
         if req.return_log_probs:
             result.log_probs = log_probs
+        if head is not None and not ended and feats.rows is not None:
+            result.next_draft_ids = self.eagle3.finish(head, tokens, feats.start, feats.rows, req.next_draft_len)
         return result
 
     def _verify(self, req: EngineRequest) -> Steps:
         seq, draft = list(req.input_ids), [int(t) for t in req.draft_ids or []]
         k = len(draft)
         need = len(seq) + k if req.return_context_logits else k + 1
-        segment, reuse = self._open(seq + draft, need)
+        head = self.eagle3.begin(seq) if req.next_draft_len else None
+        segment, reuse = self._open(seq + draft, need, None if head is None else head.length)
         yield segment
         logits, n_computed = segment.logits, len(segment.tokens)
         self.cache.put(seq + draft, segment.cache, committed=len(seq))
@@ -238,8 +258,12 @@ class ReferenceEngine:
             else:
                 v = verify_by_target_sample(draft, p, rng)
         new = v.tokens
-        if req.end_id is not None and req.end_id in new:  # the end token ends the sequence, unoutput
+        ended = req.end_id is not None and req.end_id in new
+        if ended:  # the end token ends the sequence, unoutput
             new = new[: new.index(req.end_id)]
+        next_draft = None
+        if head is not None and not ended:
+            next_draft = self.eagle3.finish(head, seq + new, segment.start, segment.features, req.next_draft_len)
         now = time.monotonic_ns()
         return EngineResult(
             seq + new,
@@ -253,4 +277,25 @@ class ReferenceEngine:
             computed_tokens=n_computed,
             first_token_ns=now,
             last_token_ns=now,
+            next_draft_ids=next_draft,
         )
+
+
+class _Features:
+    """The captured features of a request's consecutive steps, one row per position from `start` on."""
+
+    def __init__(self) -> None:
+        self.start: int | None = None
+        self.rows: torch.Tensor | None = None
+
+    def add(self, segment: Segment) -> None:
+        if segment.features is None:
+            return
+        if self.rows is None:
+            self.start, self.rows = segment.start, segment.features
+            return
+        have = self.start + self.rows.shape[0]
+        if segment.start > have:  # a gap (the prefix cache lost the sequence): the head cannot extend
+            self.rows = None
+            return
+        self.rows = torch.cat([self.rows, segment.features[have - segment.start :]])

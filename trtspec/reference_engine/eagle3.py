@@ -14,10 +14,10 @@ token j+2. Its own KV cache therefore covers positions 0..n-2 of an n-token sequ
 from __future__ import annotations
 
 import json
-import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -26,8 +26,7 @@ from torch.nn import functional as F
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 CONFIG_FILE = "config.json"
 TENSORS_FILE = "model.safetensors"
-# The capture-layer ids as the loaders read them: TensorRT-LLM's eagle3_layers_to_capture (outputs of these
-# layers) and vLLM / SGLang's eagle_config.eagle_aux_hidden_state_layer_ids.
+# The capture-layer ids in config.json (head_config says which loader reads which spelling and convention).
 AUX_LAYERS_KEY = "eagle_aux_hidden_state_layer_ids"
 
 
@@ -285,5 +284,89 @@ def head_config(target_cfg: Any, draft_vocab_size: int, layers: list[int]) -> di
         "bos_token_id": target_cfg.bos_token_id,
         "eos_token_id": target_cfg.eos_token_id,
         "torch_dtype": "float16",
+        # SGLang reads eagle_config's ids as layer outputs (it adds 1); vLLM reads the top-level key first, as
+        # inputs of layer j (= output of layer j-1). Same three tensors; TensorRT-LLM takes them from
+        # eagle3_layers_to_capture in the serving config (its default {1, L//2-1, L-4} is these too).
         "eagle_config": {AUX_LAYERS_KEY: list(layers), "use_aux_hidden_state": True},
+        AUX_LAYERS_KEY: [i + 1 for i in layers],
     }
+
+
+class HeadStore:
+    """Head KV caches keyed by the committed sequence they were built for (least recently used dropped first).
+
+    An entry for tokens x_0..x_{n-1} holds the entries at positions 0..n-2; a sequence sharing only a prefix
+    of c tokens may use the first c-1 of them (entry j reads token j+1). Taken states are cropped copies of
+    views (HeadState never writes its tensors in place), so sharers never disturb each other."""
+
+    def __init__(self, max_entries: int):
+        self.max_entries = max(1, max_entries)
+        self._entries: "OrderedDict[int, tuple[list[int], HeadState]]" = OrderedDict()
+        self._next = 0
+
+    def take(self, tokens: Sequence[int]) -> HeadState:
+        from trtspec.reference_engine.prefix_cache import _common_prefix
+
+        best, best_len = None, 0
+        for key, (toks, _) in self._entries.items():
+            n = _common_prefix(toks, tokens)
+            if n > best_len:
+                best, best_len = key, n
+        if best is None or best_len < 2:
+            return HeadState()
+        toks, state = self._entries[best]
+        if best_len >= len(toks):
+            del self._entries[best]
+        else:
+            self._entries.move_to_end(best)
+        return state.cropped(best_len - 1)
+
+    def put(self, tokens: list[int], state: HeadState) -> None:
+        self._entries[self._next] = (list(tokens), state)
+        self._next += 1
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class InEngineDrafter:
+    """An EAGLE-3 head drafting inside the target engine, as TensorRT-LLM's one-model path: forward hooks on the
+    capture layers keep their outputs for the rows the target computes; after a request's step the head extends
+    its own KV cache over the newly committed positions and drafts k tokens for the next call."""
+
+    def __init__(self, checkpoint: str | Path, target: nn.Module, cache_entries: int):
+        self.head, self.layers = load_head(checkpoint, target)
+        self.store = HeadStore(cache_entries)
+        self._out: dict[int, torch.Tensor] = {}
+        layers = target.base_model.layers
+        for i in self.layers:
+            layers[i].register_forward_hook(self._hook(i))
+
+    def _hook(self, i: int):
+        def hook(_mod, _inp, out):
+            self._out[i] = out[0] if isinstance(out, tuple) else out
+        return hook
+
+    def features(self) -> torch.Tensor:
+        """The last forward's captured outputs, [T, n_layers * H] for its packed rows."""
+        feats = torch.cat([self._out[i][0] for i in self.layers], dim=-1)
+        self._out.clear()
+        return feats
+
+    def begin(self, tokens: Sequence[int]) -> HeadState:
+        """The head state for a call on `tokens`: the target must recompute from position state.length on."""
+        return self.store.take(tokens)
+
+    def finish(self, state: HeadState, tokens: list[int], start: int, feats: torch.Tensor, k: int) -> list[int]:
+        """Extend `state` with the entries of positions state.length..n-2 (features computed from `start` on),
+        draft k tokens after `tokens`, and keep the state for the next call."""
+        n = len(tokens)
+        state.crop(start)
+        if state.length != start or n - 1 - start < 1 or feats.shape[0] < n - 1 - start:
+            return []
+        last = self.head.extend(state, tokens[start + 1 : n], feats[: n - 1 - start])
+        drafts = self.head.draft(state, last, k) if k > 0 else []
+        self.store.put(tokens, state)
+        return drafts
