@@ -7,11 +7,12 @@ from scipy.stats import chisquare
 from trtspec.metrics import SpecStats
 from trtspec.drafters import propose_ngram as propose
 from trtspec.speculative import (
-    DraftLengthPolicy,
-    PayoffGate,
+    Estimates,
+    GoodputController,
     SamplingParams,
     draft_len_at_load,
     find_stop,
+    fixed_draft_len,
     probabilities,
     scheduled_draft_len,
     speedup_bound,
@@ -104,11 +105,10 @@ def test_token_comparison_sampling_preserves_target_distribution():
 
 
 def test_fixed_policy_respects_budget():
-    pol = DraftLengthPolicy(4)
-    assert pol.next_k(remaining=10) == 4
-    assert pol.next_k(remaining=3) == 2  # never past remaining - 1: the target adds a token
-    assert pol.next_k(remaining=1) == 0
-    assert DraftLengthPolicy(0).next_k(10) == 0
+    assert fixed_draft_len(4, remaining=10) == 4
+    assert fixed_draft_len(4, remaining=3) == 2  # never past remaining - 1: the target adds a token
+    assert fixed_draft_len(4, remaining=1) == 0
+    assert fixed_draft_len(0, 10) == 0
 
 
 def test_draft_len_schedule_caps_k_from_each_batch_size_upward():
@@ -128,62 +128,96 @@ def test_draft_len_at_load_stops_drafting_above_max_concurrency_or_keeps_only_lo
     assert draft_len_at_load(4, 2, None, {1: 3, 8: 0}) == (3, False)
 
 
-def test_adaptive_policy_grows_shrinks_pauses_and_recovers():
-    pol = DraftLengthPolicy(6, adaptive=True, min_k=1, pause_below=0.3, window=3, probe_every=4)
-    pol.current_k = 3
-    pol.update(3, 3)
-    assert pol.next_k(100) == 4  # fully accepted: grow
-    pol.update(4, 1)
-    assert pol.next_k(100) == 2  # rejection: shrink to accepted + 1
-    pol.update(2, 0)
-    pol.update(1, 0)
-    pol.update(1, 0)  # window rate 0/4 < 0.3
-    assert pol.paused
-    ks = [pol.next_k(100) for _ in range(4)]
-    assert ks == [0, 0, 0, 1]  # plain target steps, then a probe of min_k
-    pol.update(1, 1)  # the probe is accepted: drafting resumes
-    assert not pol.paused and pol.next_k(100) >= 1
+class Deployment:
+    """Synthetic costs and acceptance: a plain step costs step(load); verifying k drafts costs step * (1 + 0.1 k);
+    the draft model costs draft_per_token * k, prompt lookup nothing; position i is accepted with acceptance[i]
+    (given the ones before were), drawn from a seeded generator."""
+
+    def __init__(self, acceptance, draft_per_token=0.004, step=lambda load: 0.040, seed=0):
+        self.acceptance, self.draft_per_token, self.step = acceptance, draft_per_token, step
+        self.step_cost = lambda k: None  # the verify cost by k when not step * (1 + 0.1 k)
+        self.rng = np.random.default_rng(seed)
+
+    def iterate(self, ctl, load, sources=("model",), cap=6):
+        choice = ctl.choose(load, {s: cap for s in sources})
+        k = choice.k
+        accepted = 0
+        while accepted < k and self.rng.random() < self.acceptance[min(accepted, len(self.acceptance) - 1)]:
+            accepted += 1
+        verify = self.step_cost(k) or self.step(load) * (1 + 0.1 * k)
+        draft = self.draft_per_token * k if choice.source == "model" else None
+        ctl.record(load, choice.source, k, accepted, verify, draft)
+        return choice
 
 
-def test_adaptive_policy_never_exceeds_requested():
-    pol = DraftLengthPolicy(3, adaptive=True)
-    for _ in range(10):
-        pol.update(pol.next_k(100), pol.next_k(100))
-    assert pol.next_k(100) == 3
+def _controller(**settings):
+    from trtspec.config import AdaptivePolicy
+
+    return GoodputController(Estimates(), AdaptivePolicy(**settings))
 
 
-def test_payoff_gate_skips_a_source_slower_than_plain_steps_and_probes_it():
-    gate = PayoffGate(window=4, probe_every=3)
-    gate.record("model", 2, 1.0)  # first use: carries the prefill, not measured
-    for _ in range(4):
-        assert gate.allows("model")  # unmeasured: ask
-        gate.record("model", 2, 0.100)  # 20 tokens/s
-    assert gate.pays("model") is None and gate.wants_plain_step()  # nothing to compare with yet
-    gate.record(None, 1, 0.040)  # plain steps: 25 tokens/s
-    assert not gate.wants_plain_step()
-    assert gate.pays("model") is False
-    assert [gate.allows("model") for _ in range(6)] == [False, False, True, False, False, True]  # probes
+def _ks(dep, ctl, n, **kw):
+    return [dep.iterate(ctl, **kw).k for _ in range(n)]
 
 
-def test_payoff_gate_keeps_a_source_that_pays_and_refreshes_the_plain_rate():
-    gate = PayoffGate(window=4, probe_every=3, refresh_every=10)
-    gate.record(None, 1, 0.040)
-    for _ in range(9):
-        gate.record("ngram", 3, 0.050)  # 60 tokens/s against 25
-        assert gate.allows("ngram")
-    assert gate.pays("ngram") is True and not gate.wants_plain_step()
-    gate.record("ngram", 3, 0.050)
-    assert gate.wants_plain_step()  # 10 drafted iterations since the last plain step
+def test_controller_starts_at_zero_and_stays_there_when_drafting_costs_more_than_it_gains():
+    dep, ctl = Deployment([0.05], draft_per_token=0.010), _controller(probe_every=8)
+    ks = _ks(dep, ctl, 200, load=1)
+    assert ks[:8] == [0] * 8  # pessimistic: a fresh deployment starts at k = 0
+    assert sum(k > 0 for k in ks) <= 200 // 8 + 1  # only probes, bounded
+    assert max(ks[50:]) == 1  # a probe is one token when acceptance is poor
 
 
-def test_payoff_gate_sources_are_independent():
-    gate = PayoffGate(window=2, probe_every=100)
-    gate.record(None, 1, 0.040)
-    for src, tokens in (("model", 1), ("ngram", 4)):
-        for _ in range(3):
-            gate.record(src, tokens, 0.050)
-    assert gate.pays("model") is False and gate.pays("ngram") is True
-    assert not gate.allows("model") and gate.allows("ngram")
+def test_controller_drafts_longer_as_acceptance_rises():
+    means = []
+    for a in (0.3, 0.6, 0.9):
+        dep, ctl = Deployment([a]), _controller()
+        means.append(np.mean(_ks(dep, ctl, 300, load=1)[100:]))
+    assert means[0] < means[1] < means[2]
+    assert means[2] >= 3
+
+
+def test_controller_drafts_shorter_as_load_raises_the_step_cost():
+    # one deployment, two loads: at 8 in flight the batched step is compute-bound, so verifying k drafts costs
+    # nearly k + 1 plain steps and every draft token costs more
+    light = Deployment([0.7], draft_per_token=0.004, step=lambda load: 0.040)
+    heavy = Deployment([0.7], draft_per_token=0.030, step=lambda load: 0.120)
+    heavy.step_cost = lambda k: 0.120 * (1 + 0.9 * k)
+    ctl = _controller()
+    ks = {1: [], 8: []}
+    for _ in range(300):
+        ks[1].append(light.iterate(ctl, load=1).k)
+        ks[8].append(heavy.iterate(ctl, load=8).k)
+    assert np.mean(ks[8][100:]) < np.mean(ks[1][100:])
+    assert ks[1][100:].count(0) < 20  # drafting pays at 1 in flight
+    assert ks[8][100:].count(0) > 150  # not at 8: plain steps, probes aside
+
+
+def test_controller_comes_back_after_a_k0_stretch_when_acceptance_returns():
+    dep, ctl = Deployment([0.02]), _controller(probe_every=8)
+    assert max(_ks(dep, ctl, 150, load=1)[100:], default=0) <= 1
+    dep.acceptance = [0.95]
+    ks = _ks(dep, ctl, 150, load=1)
+    assert np.mean(ks[-50:]) >= 3
+
+
+def test_controller_prefers_free_prompt_lookup_and_blends_the_request_history():
+    dep, ctl = Deployment([0.6], draft_per_token=0.010), _controller()
+    _ks(dep, ctl, 200, load=1, sources=("ngram", "model"))
+    assert ctl.choose(1, {"ngram": 4, "model": 6}).source == "ngram"
+    # a new request of the same deployment starts from what the deployment learnt
+    fresh = GoodputController(ctl.est, ctl.settings)
+    assert fresh.choose(1, {"ngram": 4}).k >= 1
+    assert fresh.expected_accepted("ngram", 3) == pytest.approx(ctl.expected_accepted("ngram", 3), rel=0.3)
+
+
+def test_controller_charges_the_draft_models_catch_up():
+    dep, ctl = Deployment([0.8], draft_per_token=0.004), _controller()
+    _ks(dep, ctl, 100, load=1)
+    for _ in range(5):  # catch-up prefills measured at 2 ms per missed token
+        ctl.record(1, "model", 2, 2, 0.048, ctl.draft_cost("model", 2, 1) + 0.002 * 40, missed=42)
+    assert ctl.draft_cost("model", 2, 1, missed=42) == pytest.approx(ctl.draft_cost("model", 2, 1) + 0.080, rel=0.05)
+    assert ctl.choose(1, {"model": 6}, missed=1000).k == 0  # catching up on 1,000 tokens does not pay
 
 
 def test_spec_stats_rates_and_positions():

@@ -89,15 +89,25 @@ class ModelConfig(_Strict):
 
 
 class AdaptivePolicy(_Strict):
-    """Per-request draft length control: grow on full acceptance, shrink on rejection, pause when poor."""
+    """The goodput controller (draft_length_policy: adaptive, trtspec.speculative.GoodputController): each
+    iteration it drafts the k (0 included) and source with the most expected tokens per second, from acceptance
+    and engine costs it measures online, shared by the deployment's loop processes."""
 
-    min_draft_len: Annotated[int, Field(ge=1)] = 1
-    pause_below_acceptance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.2
-    window: Annotated[int, Field(ge=1, le=64)] = 4
-    probe_every: Annotated[int, Field(ge=1, le=1000)] = 8
-    # Skip a draft source while its drafts make tokens slower than plain target steps (timed per
-    # request); replaces the acceptance threshold above, since what acceptance pays depends on cost.
-    measure_payoff: bool = True
+    probe_every: Annotated[int, Field(ge=1, le=1000)] = Field(
+        default=8, description="iterations without drafting from a source after which the controller tries it "
+        "once more (a probe), so it comes back when acceptance or load changes")
+    prior_drafts: Annotated[float, Field(ge=0.0)] = Field(
+        default=4.0, description="drafts' worth of pessimistic prior (acceptance 0) a fresh deployment starts "
+        "from: it starts at k = 0 and drafts once probes show drafting pays")
+    request_weight: Annotated[float, Field(ge=0.0)] = Field(
+        default=8.0, description="how many of a request's own drafts weigh as much as the deployment's "
+        "acceptance estimate (its own history takes over as it grows)")
+    cost_smoothing: Annotated[float, Field(gt=0.0, le=1.0)] = Field(
+        default=0.1, description="weight of a new cost sample in the measured draft and verify costs (by k and "
+        "requests in flight): higher follows load changes faster, lower is steadier")
+    acceptance_decay: Annotated[float, Field(gt=0.0, le=1.0)] = Field(
+        default=0.99, description="per draft, the weight left to older drafts in the deployment's acceptance "
+        "estimate (0.99: about the last 100 drafts of a source)")
 
 
 class SpeculativeConfig(_Strict):
@@ -193,7 +203,7 @@ LLMAPI_REFUSED = {
     "use_draft_logits": "TensorRT-LLM's two-model path decides rejection sampling itself; leave use_draft_logits out",
     "draft_length_policy": "trtspec's adaptive policy runs in trtspec's loop (engine: tensorrt_llm / reference); "
     "with llmapi use llmapi.draft_len_schedule, max_concurrency or acceptance_window",
-    "adaptive": "adaptive payoff timing runs in trtspec's loop; with llmapi use llmapi.acceptance_window/_threshold",
+    "adaptive": "the goodput controller runs in trtspec's loop; with llmapi use llmapi.draft_len_schedule (trtspec tune)",
     "ngram_min": "TensorRT-LLM's NGram drafter has no minimum n-gram size (only max_matching_ngram_size = ngram_max)",
     "max_concurrency": _LLMAPI_STOPS_DRAFTING,
     "ngram_above_max_concurrency": _LLMAPI_STOPS_DRAFTING,

@@ -24,7 +24,7 @@ from trtspec.config import SpeculativeConfig
 from trtspec.contract import REQUEST_FIELDS, RequestError
 from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target
 from trtspec.metrics import SpecStats
-from trtspec.speculative import DraftLengthPolicy, PayoffGate, draft_len_at_load, find_stop
+from trtspec.speculative import Estimates, GoodputController, draft_len_at_load, find_stop, fixed_draft_len
 from trtspec.triton_io import to_words_list
 
 # (model name, input tensors, requested outputs) -> output tensors; raises EngineCallError on failure
@@ -130,11 +130,20 @@ def _i32(*v: int) -> np.ndarray:
 
 
 class SpeculativeLoop:
-    def __init__(self, settings: LoopSettings, call: EngineCall, in_flight: Callable[[], int] = lambda: 0):
-        """`in_flight`: requests in flight in the deployment now (speculative.max_concurrency compares with it)."""
+    def __init__(
+        self,
+        settings: LoopSettings,
+        call: EngineCall,
+        in_flight: Callable[[], int] = lambda: 0,
+        estimates: Estimates | None = None,
+    ):
+        """`in_flight`: requests in flight in the deployment now (the controller's load; speculative.max_concurrency
+        compares with it). `estimates`: what the goodput controller learns, shared by the deployment's loop
+        processes (trtspec.load.SharedEstimates); default: this loop's own."""
         self.settings = settings
         self.call = call
         self.in_flight = in_flight
+        self.estimates = estimates if estimates is not None else Estimates()
 
     # -------------------------------------------------------------- engine requests
 
@@ -232,65 +241,71 @@ class SpeculativeLoop:
         verify_common = dict(common, stop_words_list=to_words_list(req.stop_words)) if req.stop_words else common
         drafters = self._drafters(req.draft_source or spec.draft_source, common)
         in_target = next((d for _, d in drafters if isinstance(d, TargetDrafter)), None)
-        policy_name = req.draft_length_policy or spec.draft_length_policy
-        adaptive = policy_name == "adaptive"
-        gate = (
-            PayoffGate(window=max(4, spec.adaptive.window), probe_every=spec.adaptive.probe_every)
-            if adaptive and spec.adaptive.measure_payoff and drafters
-            else None
-        )
-        policy = DraftLengthPolicy(
-            k_req if drafters else 0,
-            adaptive=adaptive,
-            min_k=spec.adaptive.min_draft_len,
-            # measured payoff decides pauses better than an acceptance threshold (what pays depends on cost)
-            pause_below=0.0 if gate is not None else spec.adaptive.pause_below_acceptance,
-            window=spec.adaptive.window,
-            probe_every=spec.adaptive.probe_every,
-        )
+        adaptive = (req.draft_length_policy or spec.draft_length_policy) == "adaptive"
+        controller = GoodputController(self.estimates, spec.adaptive)
         stats = SpecStats()
         seq, generated = list(req.prompt), []
         failed: set[str] = set()
+        draft_seen = 0  # tokens of seq the draft model holds (it catches up on the rest when it drafts next)
+
+        def ask(source: str, drafter: Drafter, k: int) -> tuple[Proposal, float]:
+            t0 = time.perf_counter()
+            try:
+                proposal = drafter.propose(seq, k, req.use_draft_logits and SOURCES[source].gives_logits)
+            except EngineCallError:
+                # a missing or failing drafter must not fail the request: go on without it
+                failed.add(source)
+                stats.draft_fallbacks += 1
+                proposal = Proposal([])
+            return proposal, time.perf_counter() - t0
+
         while True:
             remaining = req.max_tokens - len(generated)
-            k, lookup_only = policy.next_k(remaining), False
+            k, lookup_only = fixed_draft_len(k_req if drafters else 0, remaining), False
+            load = self.in_flight()
             if k and (spec.max_concurrency is not None or spec.draft_len_schedule):
-                # the engine's batch is full enough that a (long) draft costs more than it saves
+                # the user's caps on top of the controller: drafting stops, or shortens, with the load
                 k, lookup_only = draft_len_at_load(
-                    k, self.in_flight(), spec.max_concurrency, spec.draft_len_schedule, spec.ngram_above_max_concurrency
+                    k, load, spec.max_concurrency, spec.draft_len_schedule, spec.ngram_above_max_concurrency
                 )
                 stats.load_paused_iterations += k == 0
-            if gate is not None and k and gate.wants_plain_step():
-                k = 0
-            proposal, used = Proposal([]), None
-            t_start = time.perf_counter()
-            for source, drafter in drafters:
-                if k == 0 or source in failed or (gate is not None and not gate.allows(source)):
-                    continue
-                if lookup_only and SOURCES[source].needs_draft_model:
-                    continue
-                try:
-                    proposal = drafter.propose(seq, k, req.use_draft_logits and SOURCES[source].gives_logits)
-                except EngineCallError:
-                    # a missing or failing drafter must not fail the request: go on without it
-                    failed.add(source)
-                    stats.draft_fallbacks += 1
-                    continue
-                if proposal.tokens:
-                    used = source
-                    break
+            usable = [
+                (source, drafter)
+                for source, drafter in drafters
+                if k and source not in failed and not (lookup_only and SOURCES[source].needs_draft_model)
+            ]
+            missed = len(seq) - draft_seen
+            proposal, used, draft_s = Proposal([]), None, None
+            if adaptive and usable:
+                # sources that need no engine (prompt lookup) propose first, at no cost: a match bounds their k
+                free = {s: ask(s, d, k)[0] for s, d in usable if not SOURCES[s].needs_draft_model}
+                choice = controller.choose(load, {s: len(free[s].tokens) if s in free else k for s, _ in usable}, missed)
+                if choice.source in free:
+                    proposal, used = Proposal(free[choice.source].tokens[: choice.k]), choice.source
+                elif choice.source is not None:
+                    proposal, draft_s = ask(choice.source, dict(usable)[choice.source], choice.k)
+                    used = choice.source if proposal.tokens else None
+            else:
+                for source, drafter in usable:  # fixed: the first source with a proposal wins
+                    proposal, seconds = ask(source, drafter, k)
+                    if proposal.tokens:
+                        used, draft_s = source, seconds
+                        break
             draft = proposal.tokens
             stats.load_paused_iterations += bool(lookup_only and k and not draft)  # the model would have drafted
+            t0 = time.perf_counter()
             new = self._verify(seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), in_target, k_req)
+            verify_s = time.perf_counter() - t0
             accepted = 0
             while accepted < min(len(draft), len(new)) and new[accepted] == draft[accepted]:
                 accepted += 1
             # the target's own token is missing: it was the end token, which TensorRT-LLM never returns
             done = accepted == len(new)
-            if gate is not None and stats.num_iterations > 0:  # the first call carries the prefill
-                gate.record(used, accepted + 1, time.perf_counter() - t_start)
+            # the request's first target call carries its prompt's prefill: not a verify cost
+            controller.record(load, used, len(draft), accepted, verify_s if stats.num_iterations else None, draft_s, missed)
+            if used is not None and SOURCES[used].needs_draft_model:
+                draft_seen = len(seq) + min(accepted, len(draft) - 1)
             stats.record(len(draft), accepted, used)
-            policy.update(len(draft), accepted)
             new = new[:remaining]
             done = done or len(generated) + len(new) >= req.max_tokens
             if req.end_id is not None and req.end_id in new:

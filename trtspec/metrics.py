@@ -37,11 +37,14 @@ class SpecStats:
     load_paused_iterations: int = 0  # iterations without a draft for load: max_concurrency or draft_len_schedule
     proposed_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    draft_len_counts: list[int] = field(default_factory=list)  # entry k: iterations that verified k draft tokens
     accepted_by_source: list[int] = field(default_factory=lambda: [0] * len(SOURCES))
 
     def record(self, proposed: int, accepted: int, source: str | None = None) -> None:
         """One target call that verified `proposed` draft tokens from `source`, of which `accepted` were taken."""
         self.num_iterations += 1
+        self.draft_len_counts += [0] * (proposed + 1 - len(self.draft_len_counts))
+        self.draft_len_counts[proposed] += 1
         if proposed == 0:
             return
         self.num_drafts += 1
@@ -232,3 +235,56 @@ class EngineGauges:
             self._queued.set(stats.queued)
             self._tokens.set(stats.last_step_tokens)
             self._kv.set(stats.kv_bytes)
+
+
+CONTROLLER_ACCEPTANCE_GAUGE = "trtspec_controller_acceptance"
+CONTROLLER_VERIFY_GAUGE = "trtspec_controller_verify_seconds"
+CONTROLLER_DRAFT_GAUGE = "trtspec_controller_draft_seconds"
+CONTROLLER_CATCHUP_GAUGE = "trtspec_controller_catchup_seconds_per_token"
+
+
+class ControllerGauges:
+    """The goodput controller's current estimates (trtspec.speculative.Estimates, shared by the deployment's loop
+    processes) as Triton gauges: why it chose the k it chose. Acceptance per draft position per source (given every
+    earlier position was accepted), and the measured seconds of a verify call and of a draft-model call by draft
+    length and requests in flight, plus the draft model's catch-up prefill per token; only measured entries."""
+
+    MIN_INTERVAL_S = 1.0  # each gauge is a round trip to the server: not after every request
+
+    def __init__(self, pb_utils: Any, model_name: str):
+        kind = pb_utils.MetricFamily.GAUGE
+        docs = {
+            CONTROLLER_ACCEPTANCE_GAUGE: "Controller's acceptance estimate by draft source and position",
+            CONTROLLER_VERIFY_GAUGE: "Controller's measured verify-call seconds by draft length (0: a plain step) and load",
+            CONTROLLER_DRAFT_GAUGE: "Controller's measured draft-model-call seconds by draft length and load",
+            CONTROLLER_CATCHUP_GAUGE: "Controller's measured draft-model catch-up seconds per missed token by load",
+        }
+        self._families = {n: pb_utils.MetricFamily(name=n, description=d, kind=kind) for n, d in docs.items()}
+        self._labels = {"model": model_name}
+        self._metrics: dict[tuple, Any] = {}
+        self._sent_at = 0.0
+
+    def _set(self, family: str, value: float, **labels: str) -> None:
+        key = (family, tuple(sorted(labels.items())))
+        if key not in self._metrics:
+            self._metrics[key] = self._families[family].Metric(dict(self._labels, **labels))
+        self._metrics[key].set(float(value))
+
+    def update(self, est: Any, positions: int) -> None:
+        """`est`: trtspec.speculative.Estimates; `positions`: draft positions to report (max_draft_len)."""
+        now = time.monotonic()
+        if now - self._sent_at < self.MIN_INTERVAL_S:
+            return
+        self._sent_at = now
+        with TRITON_METRICS_LOCK:
+            for si, source in enumerate(SOURCES):
+                for i in range(positions):
+                    if est.reached[si, i] > 0:
+                        self._set(CONTROLLER_ACCEPTANCE_GAUGE, est.accepted[si, i] / est.reached[si, i],
+                                  source=source, position=str(i))
+            for family, means, counts in ((CONTROLLER_VERIFY_GAUGE, est.verify_s, est.verify_n),
+                                          (CONTROLLER_DRAFT_GAUGE, est.draft_s, est.draft_n)):
+                for k, load in zip(*np.nonzero(counts)):
+                    self._set(family, means[k, load], draft_len=str(k), load=str(load))
+            for load in np.flatnonzero(est.catchup_n):
+                self._set(CONTROLLER_CATCHUP_GAUGE, est.catchup_s[load], load=str(load))

@@ -1,4 +1,4 @@
-"""The speculative-decoding algorithm, pure: acceptance arithmetic, draft-length policy, expected speed-up.
+"""The speculative-decoding algorithm, pure: acceptance arithmetic, the draft-length controller, expected speed-up.
 
 No Triton, no torch: numpy only, so it is unit-tested on its own and imported unchanged by the
 reference engine (verification) and by the loop (policy, stop handling). Counters: trtspec.metrics.
@@ -6,10 +6,13 @@ reference engine (verification) and by the loop (policy, stop handling). Counter
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from trtspec.drafters import SOURCES
 
 # ---------------------------------------------------------------- sampling parameters
 
@@ -158,129 +161,214 @@ def draft_len_at_load(
     return scheduled_draft_len(schedule, batch_size, k), lookup_only
 
 
-@dataclass
-class DraftLengthPolicy:
-    """Chooses k for the next iteration of one request.
-
-    fixed: always the requested k. adaptive: grow by one after a fully accepted draft, shrink to
-    accepted + 1 after a rejection; when the acceptance rate over the last `window` iterations falls
-    below `pause_below`, stop drafting (k = 0: plain target steps) and every `probe_every` target steps
-    try a short draft again, resuming when the probe is accepted.
-    """
-
-    requested_k: int
-    adaptive: bool = False
-    min_k: int = 1
-    pause_below: float = 0.2
-    window: int = 4
-    probe_every: int = 8
-    current_k: int = field(init=False)
-    paused: bool = field(init=False, default=False)
-    _steps_paused: int = field(init=False, default=0)
-    _history: list[tuple[int, int]] = field(init=False, default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.min_k = max(1, min(self.min_k, self.requested_k)) if self.requested_k > 0 else 0
-        self.current_k = self.requested_k
-
-    def next_k(self, remaining: int) -> int:
-        """k for the next iteration; never proposes past remaining - 1 (the target adds one token)."""
-        budget = max(0, remaining - 1)
-        if self.requested_k <= 0 or budget == 0:
-            return 0
-        if not self.adaptive:
-            return min(self.requested_k, budget)
-        if self.paused:
-            self._steps_paused += 1
-            if self._steps_paused % self.probe_every != 0:
-                return 0
-            return min(self.min_k, budget)  # a probe
-        return min(self.current_k, budget)
-
-    def update(self, proposed: int, accepted: int) -> None:
-        if not self.adaptive or proposed == 0:
-            return
-        self._history = (self._history + [(proposed, accepted)])[-self.window :]
-        if self.paused:
-            if accepted == proposed:  # the probe was accepted: acceptance recovered
-                self.paused = False
-                self._history = [(proposed, accepted)]
-                self.current_k = max(self.min_k, min(self.requested_k, proposed + 1))
-            return
-        if accepted == proposed:
-            self.current_k = min(self.requested_k, self.current_k + 1)
-        else:
-            self.current_k = max(self.min_k, accepted + 1)
-        if len(self._history) >= self.window:
-            rate = sum(a for _, a in self._history) / sum(p for p, _ in self._history)
-            if rate < self.pause_below:
-                self.paused = True
-                self._steps_paused = 0
+def fixed_draft_len(k: int, remaining: int) -> int:
+    """The `fixed` policy: the requested k, never past remaining - 1 (the target adds one token)."""
+    return max(0, min(k, remaining - 1))
 
 
-@dataclass
-class PayoffGate:
-    """Asks a draft source only while its drafts pay, measured in wall time (adaptive policy).
+# ---------------------------------------------------------------- the goodput controller (policy `adaptive`)
 
-    An iteration that drafted from source s yields accepted + 1 tokens in its draft + verify time; a
-    plain target step yields one token. When s's tokens per second over its last `window` iterations
-    fall below the plain steps' rate, s is skipped, and tried again every `probe_every` iterations, so
-    a source that starts paying again (the text starts repeating the prompt, the load drops) comes
-    back. This is what keeps `hybrid` from paying for a weak draft model when prompt lookup finds
-    nothing, and keeps speculation from slowing a request down where it does not pay. Acceptance
-    alone cannot decide it: whether 30% acceptance pays depends on what a draft costs here.
+MAX_POSITIONS = 64  # SpeculativeConfig.max_draft_len's bound
+MAX_LOAD = 64  # requests in flight, as a cost-table key (more count as this many)
+ESTIMATED_SOURCES = tuple(SOURCES)
 
-    A source's first use is not measured (it carries the draft's prefill). When no plain step has
-    been measured for `refresh_every` iterations, `wants_plain_step` asks for one to compare with.
-    """
 
-    window: int = 4
-    probe_every: int = 8
-    refresh_every: int = 32
-    _runs: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
-    _plain: list[float] = field(default_factory=list)
-    _skipped: dict[str, int] = field(default_factory=dict)
-    _seen: set[str] = field(default_factory=set)
-    _since_plain: int = 0
+def _layout() -> dict[str, tuple[int, ...]]:
+    s, p, k, n = len(ESTIMATED_SOURCES), MAX_POSITIONS, MAX_POSITIONS + 1, MAX_LOAD + 1
+    return {
+        "reached": (s, p),  # drafts from source s whose position i was verified (every earlier one accepted)
+        "accepted": (s, p),  # ... and whose position i was accepted (both decayed: recent drafts weigh more)
+        "verify_s": (k, n),  # seconds of a target call verifying k draft tokens at n in flight (k = 0: a plain step)
+        "verify_n": (k, n),  # how many calls that mean holds
+        "draft_s": (k, n),  # seconds of a draft-model call proposing k tokens at n in flight, caught up
+        "draft_n": (k, n),
+        "catchup_s": (n,),  # seconds per token the draft model prefills when it catches up after a pause
+        "catchup_n": (n,),
+    }
 
-    def plain_rate(self) -> float | None:
-        return 1.0 / float(np.median(self._plain)) if self._plain else None
 
-    def source_rate(self, source: str) -> float | None:
-        runs = self._runs.get(source, [])
-        if len(runs) < self.window:
+ESTIMATES_LAYOUT = _layout()
+ESTIMATES_SIZE = sum(int(np.prod(shape)) for shape in ESTIMATES_LAYOUT.values())
+
+
+class Estimates:
+    """What the controller knows about the deployment: acceptance per position per source, and measured costs.
+
+    Views into one float64 buffer, so that trtspec.load.SharedEstimates can put it in shared memory for every
+    loop process of a server; here, by default, a private buffer. `locked()` guards read-modify-write updates."""
+
+    def __init__(self, buffer: np.ndarray | None = None):
+        self.buffer = np.zeros(ESTIMATES_SIZE) if buffer is None else buffer
+        offset = 0
+        for name, shape in ESTIMATES_LAYOUT.items():
+            size = int(np.prod(shape))
+            setattr(self, name, self.buffer[offset : offset + size].reshape(shape))
+            offset += size
+
+    def locked(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
+def _mean_update(means: np.ndarray, counts: np.ndarray, index: tuple, value: float, smoothing: float) -> None:
+    """A running mean that becomes an exponential one after 1/smoothing samples (tracks load and context)."""
+    counts[index] += 1
+    weight = max(1.0 / counts[index], smoothing)
+    means[index] += weight * (value - means[index])
+
+
+def load_key(in_flight: int) -> int:
+    return int(min(max(in_flight, 1), MAX_LOAD))
+
+
+@dataclass(frozen=True)
+class Choice:
+    source: str | None  # None: a plain target step
+    k: int
+    probe: bool = False
+
+
+class GoodputController:
+    """Chooses, per iteration of one request, the draft source and k in 0..cap maximising expected tokens per
+    second: (1 + expected accepted tokens) / (draft cost + verify cost at the current load); a plain step
+    (k = 0) yields 1 token per plain-step cost and is always a candidate.
+
+    Acceptance per position per source blends the deployment's estimate (shared by its loop processes) with the
+    request's own drafts; the estimate starts pessimistic (acceptance 0 at the first position, each deeper
+    position's prior the one before it), so a fresh deployment starts at k = 0. Costs are the loop's own engine
+    calls, timed by k and requests in flight. After `probe_every` iterations without drafting from a source, it
+    is tried once (a probe), so acceptance or load that changes brings drafting back."""
+
+    def __init__(self, estimates: Estimates, settings: Any):
+        """`settings`: trtspec.config.AdaptivePolicy (probe_every, prior_drafts, request_weight, cost_smoothing,
+        acceptance_decay)."""
+        self.est, self.settings = estimates, settings
+        s = len(ESTIMATED_SOURCES)
+        self.reached = np.zeros((s, MAX_POSITIONS))
+        self.accepted = np.zeros((s, MAX_POSITIONS))
+        self.since = dict.fromkeys(ESTIMATED_SOURCES, 0)  # iterations since each source last drafted
+
+    # -------------------------------------------------------------- estimates
+
+    def acceptance(self, source: str, positions: int, optimistic: bool = False) -> np.ndarray:
+        """Conditional acceptance of positions 0..positions-1 (accepted given every earlier one was). `optimistic`
+        adds one standard error, so a deeper position measured on a few unlucky drafts is tried again; a position
+        with no acceptance seen gets no bonus (the pessimistic start)."""
+        si = ESTIMATED_SOURCES.index(source)
+        st, prior = self.settings, 0.0
+        out = np.zeros(positions)
+        for i in range(positions):
+            shared = (self.est.accepted[si, i] + st.prior_drafts * prior) / (self.est.reached[si, i] + st.prior_drafts)
+            out[i] = (self.accepted[si, i] + st.request_weight * shared) / (self.reached[si, i] + st.request_weight)
+            prior = out[i]
+            if optimistic:
+                seen = self.est.reached[si, i] + self.reached[si, i]
+                out[i] = min(1.0, out[i] + np.sqrt(out[i] * (1 - out[i]) / (seen + 1)))
+        return out
+
+    def expected_accepted(self, source: str, k: int, optimistic: bool = False) -> float:
+        return float(np.cumprod(self.acceptance(source, k, optimistic)).sum()) if k > 0 else 0.0
+
+    @staticmethod
+    def _cell(means: np.ndarray, counts: np.ndarray, k: int, n: int, proportional: bool) -> float | None:
+        """The mean cost of k at load n; unmeasured: from the nearest measured load, and across k linearly between
+        (or beyond) the two nearest measured k there (one measured k: the same cost, or in proportion to k)."""
+        loads = np.flatnonzero(counts.any(axis=0))
+        if loads.size == 0:
             return None
-        return sum(t for t, _ in runs) / max(sum(s for _, s in runs), 1e-9)
+        n = int(loads[np.argmin(np.abs(loads - n))])
+        if counts[k, n]:
+            return float(means[k, n])
+        ks = np.flatnonzero(counts[:, n])
+        ks = ks[np.argsort(np.abs(ks - k), kind="stable")][:2]
+        if ks.size == 1:
+            k0 = int(ks[0])
+            return float(means[k0, n] * k / k0) if proportional and k0 else float(means[k0, n])
+        (k0, k1), (c0, c1) = ks, means[ks, n]
+        return float(max(c0 + (c1 - c0) * (k - k0) / (k1 - k0), 0.0))
 
-    def pays(self, source: str) -> bool | None:
-        """None while either side is unmeasured."""
-        rate, plain = self.source_rate(source), self.plain_rate()
-        return None if rate is None or plain is None else rate >= plain
+    def verify_cost(self, k: int, load: int) -> float | None:
+        return self._cell(self.est.verify_s, self.est.verify_n, k, load_key(load), proportional=False)
 
-    def allows(self, source: str) -> bool:
-        """Whether to ask `source` this iteration (call it only when the source would be asked)."""
-        if self.pays(source) is not False:
-            self._skipped[source] = 0
-            return True
-        n = self._skipped.get(source, 0) + 1
-        self._skipped[source] = 0 if n >= self.probe_every else n
-        return n >= self.probe_every  # a probe: measure it again
+    def draft_cost(self, source: str, k: int, load: int, missed: int = 0) -> float | None:
+        """Seconds to draft k tokens; `missed`: tokens the draft model has not seen yet (beyond the usual 2)."""
+        if k == 0 or not SOURCES[source].needs_draft_model:
+            return 0.0  # prompt lookup runs in the loop's process: no engine step
+        n = load_key(load)
+        step = self._cell(self.est.draft_s, self.est.draft_n, k, n, proportional=True)
+        if step is None:
+            return None
+        measured = np.flatnonzero(self.est.catchup_n)
+        per_token = float(self.est.catchup_s[measured[np.argmin(np.abs(measured - n))]]) if measured.size else 0.0
+        return step + per_token * max(0, missed - 2)
 
-    def wants_plain_step(self) -> bool:
-        measured = any(len(r) >= self.window for r in self._runs.values())
-        return measured and (not self._plain or self._since_plain >= self.refresh_every)
+    def value(self, source: str | None, k: int, load: int, missed: int = 0) -> float | None:
+        """Expected tokens per second of one iteration (acceptance optimistic by its standard error); None while a
+        cost is unmeasured."""
+        verify = self.verify_cost(k if source else 0, load)
+        draft = self.draft_cost(source, k, load, missed) if source else 0.0
+        if verify is None or draft is None:
+            return None
+        accepted = self.expected_accepted(source, k, optimistic=True) if source else 0.0
+        return (1.0 + accepted) / max(verify + draft, 1e-9)
 
-    def record(self, source: str | None, tokens: int, seconds: float) -> None:
-        """One iteration: `source` None for a plain target step (no draft), `tokens` the tokens it yielded."""
-        if source is None:
-            self._plain = (self._plain + [seconds])[-self.window :]
-            self._since_plain = 0
-            return
-        self._since_plain += 1
-        if source not in self._seen:
-            self._seen.add(source)
-            return
-        self._runs[source] = (self._runs.get(source, []) + [(tokens, seconds)])[-self.window :]
+    # -------------------------------------------------------------- the decision
+
+    def choose(self, load: int, candidates: Mapping[str, int], missed: int = 0) -> Choice:
+        """`candidates`: source -> the most tokens it may propose now (for prompt lookup: its match's length);
+        `missed`: tokens the draft model would catch up on. Sources in asking order (the first wins a tie)."""
+        plain = self.value(None, 0, load)
+        if plain is None:
+            return Choice(None, 0)  # measure a plain step first
+        best, best_value = Choice(None, 0), plain
+        for source, cap in candidates.items():
+            for k in range(1, cap + 1):
+                v = self.value(source, k, load, missed)
+                if v is not None and v > best_value:
+                    best, best_value = Choice(source, k), v
+        for source, cap in candidates.items():
+            if source != best.source and cap > 0 and self.since[source] >= self.settings.probe_every:
+                good = self.acceptance(source, cap) >= 0.5
+                depth = int(np.argmin(good)) if not good.all() else cap
+                return Choice(source, max(1, min(cap, depth + 1)), probe=True)
+        return best
+
+    def record(
+        self,
+        load: int,
+        source: str | None,
+        proposed: int,
+        accepted: int,
+        verify_s: float | None,
+        draft_s: float | None = None,
+        missed: int = 0,
+    ) -> None:
+        """One iteration: `proposed` tokens from `source` (None: none), `accepted` of them; the verify call's and
+        the draft-model call's seconds (None: not a clean sample, e.g. the request's first call with its prefill)."""
+        for s in self.since:
+            self.since[s] = 0 if s == source and proposed else self.since[s] + 1
+        n, est, st = load_key(load), self.est, self.settings
+        with est.locked():
+            if verify_s is not None:
+                _mean_update(est.verify_s, est.verify_n, (proposed, n), verify_s, st.cost_smoothing)
+            if source is None or not proposed:
+                return
+            si = ESTIMATED_SOURCES.index(source)
+            reached = min(accepted + 1, proposed)
+            est.reached[si] *= st.acceptance_decay
+            est.accepted[si] *= st.acceptance_decay
+            est.reached[si, :reached] += 1
+            est.accepted[si, :accepted] += 1
+            self.reached[si, :reached] += 1
+            self.accepted[si, :accepted] += 1
+            if draft_s is None or not SOURCES[source].needs_draft_model:
+                return
+            if missed <= 2:
+                _mean_update(est.draft_s, est.draft_n, (proposed, n), draft_s, st.cost_smoothing)
+            else:
+                step = self._cell(est.draft_s, est.draft_n, proposed, n, proportional=True)
+                if step is not None:
+                    per_token = max(draft_s - step, 0.0) / (missed - 2)
+                    _mean_update(est.catchup_s, est.catchup_n, (n,), per_token, st.cost_smoothing)
 
 
 # ---------------------------------------------------------------- stopping

@@ -110,7 +110,9 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField("use_draft_logits", "BOOL", "rejection sampling against the draft's distribution",
                  loop_input="use_draft_logits"),
     _choice("draft_source", tuple(SELECTIONS), "who proposes draft tokens"),
-    _choice("draft_length_policy", DRAFT_LENGTH_POLICIES, "fixed k, or adapt k and skip sources that do not pay"),
+    _choice("draft_length_policy", DRAFT_LENGTH_POLICIES,
+            "fixed: k draft tokens every iteration; adaptive: the goodput controller picks k (0 to num_draft_tokens) "
+            "and the source each iteration"),
     RequestField("stream", "BOOL", "stream accepted tokens as they come", loop_input="streaming"),
     RequestField("temperature", "FP32", "0 or unset: greedy", loop_input="temperature", engine_input="temperature",
                  check=_finite_at_least(0.0)),
@@ -211,6 +213,9 @@ RESPONSE_STATS: tuple[Stat, ...] = (
          counter="spec_decode_num_accepted_tokens_per_pos", label="position"),
     Stat("proposed_per_position", "INT32", "proposed draft tokens by position in the draft", vector=True,
          counter="spec_decode_num_draft_tokens_per_pos", label="position"),
+    Stat("draft_len_counts", "INT32", "iterations by draft length: entry k counts the target calls that verified k "
+         "draft tokens (0: a plain step), what the draft-length policy chose", vector=True,
+         counter="spec_decode_num_iterations_by_draft_len", label="draft_len"),
     Stat("accepted_by_source", "INT32", "accepted draft tokens by the drafter that proposed them (drafters.SOURCES order)",
          vector=True, counter="spec_decode_num_accepted_tokens_by_source", label="source"),
 )

@@ -17,9 +17,9 @@ import numpy as np
 
 from trtspec import triton_io as io
 from trtspec.contract import REQUEST_FIELDS, RequestError
-from trtspec.load import InFlight
+from trtspec.load import InFlight, SharedEstimates
 from trtspec.loop import Step, EngineCallError, LoopRequest, LoopSettings, SpeculativeLoop
-from trtspec.metrics import PrometheusExporter
+from trtspec.metrics import ControllerGauges, PrometheusExporter
 from trtspec.text import TextCodec
 
 SETTINGS_PARAMETER = "loop_settings"  # the one model parameter: LoopSettings as JSON
@@ -103,9 +103,11 @@ class LoopModel:
             skip_special_tokens=params.get("skip_special_tokens", "true").lower() == "true",
         )
         self.in_flight = InFlight()
-        self.loop = SpeculativeLoop(self.settings, engine_call(pb_utils), self.in_flight)
+        self.estimates = SharedEstimates()
+        self.loop = SpeculativeLoop(self.settings, engine_call(pb_utils), self.in_flight, self.estimates)
         self.name = args["model_name"]
         self.metrics = PrometheusExporter(pb_utils, self.name)
+        self.controller_gauges = ControllerGauges(pb_utils, self.name)
         self.pool = ThreadPoolExecutor(max_workers=self.settings.max_concurrent_requests)
 
     def execute(self, requests: list[Any]) -> None:
@@ -116,6 +118,7 @@ class LoopModel:
     def finalize(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.in_flight.close()
+        self.estimates.close()
 
     def parse(self, request: Any) -> tuple[LoopRequest, bool]:
         """(the request, whether it came as text and is answered with text_output)."""
@@ -179,6 +182,7 @@ class LoopModel:
                         sender.send(self._response(req, text, chunk.new_tokens, chunk.generated_before, chunk))
             if last is None:
                 raise EngineCallError("the loop produced no output")
+            self.controller_gauges.update(self.estimates, self.settings.speculative.max_draft_len)
             generated = last.generated_before + last.new_tokens
             # counters first: a client that scrapes /metrics after its final response sees them
             if cancelled:
