@@ -16,6 +16,7 @@ import pytest
 from trtspec.config import ConfigError, load_config, parse_config
 from trtspec.llmapi import model_yaml, standin
 from trtspec.llmapi.fields import runtime_names, supported_versions, version_fields
+from trtspec.llmapi.parser import load_model_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "build_configs" / "demo-llmapi.yaml"
@@ -44,7 +45,6 @@ def _cfg(**spec):
         ({"use_draft_logits": True}, "speculative.use_draft_logits"),
         ({"draft_length_policy": "adaptive"}, "speculative.draft_length_policy"),
         ({"max_concurrency": 4}, "llmapi.max_concurrency"),
-        ({"draft_len_schedule": {1: 4, 8: 1}}, "llmapi.draft_len_schedule"),
     ],
 )
 def test_unsupported_settings_are_refused_with_the_reason(spec, words):
@@ -77,18 +77,43 @@ def test_generated_yaml_uses_the_pinned_spelling():
     cfg = load_config(ROOT / "build_configs" / GPU_EXAMPLES[0], check_paths=False)
     doc = model_yaml.generate(cfg, Path("/t"), Path("/d"))
     sc = doc["speculative_config"]
-    assert sc["decoding_type"] == version_fields()["decoding_types"]["model"]["decoding_type"] == "Draft_Target"
+    # 1.2.x DecodingBaseConfig.from_dict dispatches on "DraftTarget"; the class's ClassVar "Draft_Target" is refused
+    assert sc["decoding_type"] == "DraftTarget"
     assert sc["speculative_model"] == "/d" and sc["draft_len_schedule"] == {1: 4, 8: 2, 16: 1}
-    ngram = model_yaml.speculative_config(_cfg(draft_source="ngram", ngram_max=5), None)
+    ngram = model_yaml.speculative_config(_cfg(method="ngram", ngram_max=5), None)
     assert ngram["decoding_type"] == "NGram" and ngram["max_matching_ngram_size"] == 5
 
 
-@pytest.mark.parametrize("version", supported_versions())
-def test_h100_example_model_yaml_validates_against_every_recorded_version(version):
+def test_decoding_types_match_the_release_sources():
+    """The spellings the generator writes are the from_dict keys read from each release's llm_args.py (issue 30):
+    checked against the recorded source data, not against the generator's own table."""
+    read_from_source = {  # gh-pages <tag>/_modules/tensorrt_llm/llmapi/llm_args.html, DecodingBaseConfig.from_dict
+        "1.0": {"MTP", "Medusa", "Eagle", "Lookahead", "NGram", "DraftTarget", "UserProvided", "AUTO"},
+        "1.1": {"MTP", "Medusa", "Eagle", "Lookahead", "NGram", "DraftTarget", "UserProvided", "AUTO"},
+        "1.2": {"MTP", "Medusa", "Eagle", "Lookahead", "NGram", "DraftTarget", "SaveState", "UserProvided", "AUTO"},
+    }
+    assert set(supported_versions()) == set(read_from_source)
+    for version, keys in read_from_source.items():
+        f = version_fields(version)
+        assert set(f["from_dict_keys"]) == keys
+        assert {m: k["decoding_type"] for m, k in f["decoding_types"].items()} == {
+            "draft_model": "DraftTarget", "ngram": "NGram", "eagle3": "Eagle", "mtp": "MTP"}
+        assert all(s["commit"] and s["path"].startswith(s["tag"] + "/") for s in f["source"])
+    assert version_fields("1.2.1")["speculative_model_field"] == "speculative_model"
+    assert version_fields("1.1.0")["speculative_model_field"] == "speculative_model_dir"
+
+
+@pytest.mark.parametrize("version", ["1.0.0", "1.1.0", "1.2.0", "1.2.1"])
+def test_h100_example_per_version_loads_or_is_refused_by_name(version):
     cfg = load_config(ROOT / "build_configs" / GPU_EXAMPLES[0], check_paths=False)
+    if version_fields(version)["draft_len_schedule"] is None:
+        with pytest.raises(model_yaml.ModelYamlError, match=rf"llmapi.draft_len_schedule: TensorRT-LLM {version} has no"):
+            model_yaml.generate(cfg, Path("/t"), Path("/d"), version=version)
+        return
     doc = model_yaml.generate(cfg, Path("/t"), Path("/d"), version=version)
-    model_yaml.validate(doc, version)
-    assert doc["speculative_config"]["decoding_type"] == version_fields(version)["decoding_types"]["model"]["decoding_type"]
+    args = load_model_yaml(doc, version)
+    assert args["speculative_config"].cls == "DraftTargetDecodingConfig"
+    assert args["speculative_config"].get("acceptance_window") == 64
 
 
 def test_prerelease_line_without_field_lists_is_refused_with_the_reason():
@@ -101,7 +126,8 @@ def test_prerelease_line_without_field_lists_is_refused_with_the_reason():
     [
         (lambda d: d.update(max_batch_sise=8), "max_batch_sise"),
         (lambda d: d["kv_cache_config"].update(free_gpu_mem_fraction=0.5), "kv_cache_config.free_gpu_mem_fraction"),
-        (lambda d: d["speculative_config"].update(decoding_type="DraftTarget"), "decoding_type: 'DraftTarget'"),
+        (lambda d: d["speculative_config"].update(decoding_type="Draft_Target"), "Invalid decoding type: Draft_Target"),
+        (lambda d: d["speculative_config"].update(decoding_type="Eagle3"), "Invalid decoding type: Eagle3"),
         (lambda d: d["speculative_config"].update(num_draft_tokens=3), "speculative_config.num_draft_tokens"),
     ],
 )
@@ -157,7 +183,7 @@ def test_standin_batches_requests_in_flight_and_each_equals_its_solo_output(demo
     """The stand-in's requests share the engines' forward passes (trtspec.batching), as on the executor."""
     import asyncio
 
-    spec = {"decoding_type": "Draft_Target", "max_draft_len": 3, "speculative_model": str(demo_pair.draft)}
+    spec = {"decoding_type": "DraftTarget", "max_draft_len": 3, "speculative_model": str(demo_pair.draft)}
     llm = standin.LLM(demo_pair.target, speculative_config=spec, max_batch_size=4)
     sp = standin.SamplingParams(max_tokens=10)
 

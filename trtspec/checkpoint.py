@@ -454,3 +454,145 @@ def checkpoint_fingerprint(path: str | Path) -> str:
         st = f.stat()
         h.update(f"{f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------------- drafting heads
+
+# Architectures TensorRT-LLM, vLLM and SGLang load an EAGLE-3 head by (vLLM's registry maps both names);
+# TensorRT-LLM also treats any Llama draft config carrying draft_vocab_size as EAGLE-3.
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+# Where a head's config pins the target layers it was trained on (EAGLE / SpecForge layout).
+_CAPTURE_KEYS = ("eagle_aux_hidden_state_layer_ids", "eagle3_layers_to_capture")
+# config.json keys that count a target's MTP layers (DeepSeek-V3 / GLM-4.5 spell it num_nextn_predict_layers).
+MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
+
+
+def default_capture_layers(num_layers: int) -> list[int]:
+    """TensorRT-LLM's default EAGLE-3 capture layers for an L-layer target: outputs of {1, L//2-1, L-4}."""
+    return sorted({1, num_layers // 2 - 1, num_layers - 4})
+
+
+def eagle3_capture_layers(head: CheckpointInfo) -> list[int] | None:
+    """The capture layers a head's config pins, or None (then TensorRT-LLM's default applies)."""
+    for where in (head.config.get("eagle_config") or {}, head.config):
+        for key in _CAPTURE_KEYS:
+            if isinstance(where.get(key), list):
+                return [int(i) for i in where[key]]
+    return None
+
+
+def _tensor_shapes(path: Path) -> dict[str, list[int]]:
+    shapes: dict[str, list[int]] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        for name, meta in read_safetensors_header(f).items():
+            if name != "__metadata__" and isinstance(meta, dict):
+                shapes[name] = list(meta.get("shape") or [])
+    return shapes
+
+
+def _read_tensor(path: Path, suffix: str) -> Any:
+    from safetensors import safe_open
+
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():
+                if name == suffix or name.endswith("." + suffix):
+                    return st.get_tensor(name)
+    return None
+
+
+def check_eagle3_head(
+    target: CheckpointInfo, head: CheckpointInfo, capture_layers: list[int] | None = None
+) -> list[tuple[str, str, str]]:
+    """Can this EAGLE-3 head draft for this target? (level, code, message) findings, each naming the field
+    and the fix. `capture_layers`: the deployment's explicit setting, else the head's, else TensorRT-LLM's default."""
+    out: list[tuple[str, str, str]] = []
+    cfg = f"{head.path}/config.json"
+    dvs = _int(head.config.get("draft_vocab_size"))
+    if head.architecture not in EAGLE3_ARCHITECTURES:
+        if dvs is None:
+            out.append(("error", "head-architecture",
+                        f"{cfg}: architectures is {head.architecture!r}, not an EAGLE-3 head; TensorRT-LLM, vLLM and "
+                        f"SGLang load a head as {EAGLE3_ARCHITECTURES[0]} (with draft_vocab_size). Point draft.checkpoint "
+                        "at an EAGLE-3 head, or use speculative.method: draft_model for an ordinary draft model"))
+        else:
+            out.append(("warning", "head-architecture",
+                        f"{cfg}: architectures is {head.architecture!r}; TensorRT-LLM takes it as EAGLE-3 because "
+                        f"draft_vocab_size is set, but vLLM and SGLang need {EAGLE3_ARCHITECTURES[0]}: set "
+                        f'architectures: ["{EAGLE3_ARCHITECTURES[0]}"]'))
+    if head.vocab_size and target.vocab_size and head.vocab_size != target.vocab_size:
+        out.append(("error", "head-vocab",
+                    f"{cfg}: vocab_size {head.vocab_size} != the target's {target.vocab_size}: the head embeds target "
+                    "token ids, so it must be trained for this target's tokenizer (vocab_size = the target's)"))
+    if dvs is not None and target.vocab_size and not 0 < dvs <= target.vocab_size:
+        out.append(("error", "head-draft-vocab",
+                    f"{cfg}: draft_vocab_size {dvs} must be between 1 and the target's vocab_size {target.vocab_size}"))
+    th = _int(head.config.get("target_hidden_size")) or head.hidden_size
+    if th and target.hidden_size and th != target.hidden_size:
+        key = "target_hidden_size" if head.config.get("target_hidden_size") else "hidden_size"
+        out.append(("error", "head-hidden-size",
+                    f"{cfg}: {key} {th} != the target's hidden_size {target.hidden_size}: the head reads the target's "
+                    "hidden states, so it must be trained for this target"))
+    L = target.num_layers
+    layers = capture_layers if capture_layers is not None else eagle3_capture_layers(head)
+    where = "eagle3_layers_to_capture" if capture_layers is not None else f"{cfg} eagle_aux_hidden_state_layer_ids"
+    if layers is None and L:
+        layers = default_capture_layers(L)
+        where = f"TensorRT-LLM's default capture layers for {L} target layers"
+    if L and layers:
+        bad = [i for i in layers if not -1 <= i < L]
+        if bad:
+            out.append(("error", "head-capture-layers",
+                        f"{where}: layers {bad} are outside the target's {L} layers (0..{L - 1}, -1 = last): the head was "
+                        "trained for a deeper target; use a head trained for this target"))
+    shapes = _tensor_shapes(head.path)
+    fc = next((s for n, s in shapes.items() if n == "fc.weight" or n.endswith(".fc.weight")), None)
+    if fc and layers and th and len(fc) == 2 and fc[1] != len(layers) * th:
+        out.append(("error", "head-fc",
+                    f"{head.path}: fc.weight is {fc}, expected [{head.hidden_size}, {len(layers)} x {th}] for "
+                    f"{len(layers)} capture layers of hidden size {th}: capture layers and head disagree"))
+    d2t_shape = next((s for n, s in shapes.items() if n == "d2t" or n.endswith(".d2t")), None)
+    if dvs is not None and target.vocab_size and dvs != target.vocab_size:
+        if d2t_shape is None:
+            out.append(("error", "head-d2t",
+                        f"{head.path}: no d2t tensor, but draft_vocab_size {dvs} < vocab_size {target.vocab_size}: "
+                        "runtimes map draft ids to target ids as id + d2t[id]; save d2t (int64, [draft_vocab_size])"))
+        elif d2t_shape != [dvs]:
+            out.append(("error", "head-d2t",
+                        f"{head.path}: d2t has shape {d2t_shape}, expected [{dvs}] (draft_vocab_size)"))
+        else:
+            d2t = _read_tensor(head.path, "d2t")
+            if d2t is not None:
+                import torch
+
+                ids = torch.arange(dvs, dtype=torch.int64) + d2t.to(torch.int64)
+                lo, hi = int(ids.min()), int(ids.max())
+                if lo < 0 or hi >= target.vocab_size:
+                    out.append(("error", "head-d2t",
+                                f"{head.path}: d2t maps draft ids to target ids {lo}..{hi}, outside the target's "
+                                f"vocabulary 0..{target.vocab_size - 1}: d2t[i] must be target_id - i"))
+    return out
+
+
+def mtp_layers(target: CheckpointInfo) -> int:
+    for key in MTP_LAYER_KEYS:
+        n = _int(target.config.get(key))
+        if n:
+            return n
+    return 0
+
+
+def check_mtp_target(target: CheckpointInfo, served_model_types: dict[str, str]) -> list[tuple[str, str, str]]:
+    """Does this target ship MTP layers TensorRT-LLM can run? `served_model_types`: model_type -> family."""
+    out: list[tuple[str, str, str]] = []
+    cfg = f"{target.path}/config.json"
+    if mtp_layers(target) < 1:
+        out.append(("error", "mtp-layers",
+                    f"{cfg}: no MTP layers ({' / '.join(MTP_LAYER_KEYS)} missing or 0): speculative.method: mtp drafts "
+                    "with the target's own multi-token-prediction layers; use a target trained with them (DeepSeek-V3/R1, "
+                    "GLM-4.5, ...) or method: eagle3 / draft_model"))
+    if target.model_type not in served_model_types:
+        out.append(("error", "mtp-architecture",
+                    f"{cfg}: model_type {target.model_type!r} ({target.architecture}) is not one TensorRT-LLM serves with "
+                    f"MTP ({', '.join(sorted(served_model_types))}); use method: eagle3 or draft_model for this target"))
+    return out

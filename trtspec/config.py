@@ -143,6 +143,8 @@ class SpeculativeConfig(_Strict):
 
     @model_validator(mode="after")
     def _k_within_max(self) -> "SpeculativeConfig":
+        if "num_draft_tokens" not in self.model_fields_set and self.num_draft_tokens > self.max_draft_len:
+            object.__setattr__(self, "num_draft_tokens", self.max_draft_len)  # the default k follows a smaller max
         if self.num_draft_tokens > self.max_draft_len:
             raise ValueError(
                 f"num_draft_tokens ({self.num_draft_tokens}) is larger than max_draft_len ({self.max_draft_len}); "
@@ -170,7 +172,9 @@ class LlmapiConfig(_Strict):
         default=None, description="speculation off above this many requests in flight"
     )
     draft_len_schedule: dict[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=0)]] | None = Field(
-        default=None, description="batch size -> draft length, e.g. {1: 4, 8: 2, 32: 0}; must map 1 to max_draft_len"
+        default=None,
+        description="batch size -> draft length, e.g. {1: 4, 8: 2, 32: 0}, each key a batch size from which its length "
+        "applies upward (speculative.draft_len_schedule's meaning; set one of the two); must map 1 to max_draft_len",
     )
     acceptance_window: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="requests in the rolling mean of acceptance length (0 or unset: off)"
@@ -207,7 +211,6 @@ LLMAPI_REFUSED = {
     "ngram_min": "TensorRT-LLM's NGram drafter has no minimum n-gram size (only max_matching_ngram_size = ngram_max)",
     "max_concurrency": _LLMAPI_STOPS_DRAFTING,
     "ngram_above_max_concurrency": _LLMAPI_STOPS_DRAFTING,
-    "draft_len_schedule": "with llmapi TensorRT-LLM sets the draft length by batch size itself: use llmapi.draft_len_schedule",
 }
 
 
@@ -300,24 +303,35 @@ class BuildConfig(_Strict):
             )
         if self.target.quantization != "none":
             refused.append("target.quantization: only the draft is quantized by trtspec; give an FP8 HF checkpoint as target.checkpoint instead")
-        if self.draft is not None and spec.draft_source == "model" and self.draft.world_size != 1:
+        if self.draft is not None and spec.method in ("draft_model", "eagle3") and self.draft.world_size != 1:
             refused.append(
-                "draft.tp_size/pp_size: with DraftTarget the draft runs inside the target's LLM with the target's mapping; "
+                "draft.tp_size/pp_size: TensorRT-LLM runs the draft inside the target's LLM with the target's mapping; "
                 "leave them at 1"
             )
+        ids = self.target.gpu_device_ids
+        if ids is not None and ids != list(range(len(ids))):
+            refused.append(
+                f"target.gpu_device_ids: {ids}: TensorRT-LLM's LLM() has no device-id argument and places its ranks on "
+                f"the first {len(ids)} GPU(s) it sees; expose the GPUs you want to the container (docker --gpus "
+                f"'\"device={','.join(map(str, ids))}\"' or CUDA_VISIBLE_DEVICES={','.join(map(str, ids))}) and write "
+                f"gpu_device_ids: {list(range(len(ids)))}, or leave gpu_device_ids out"
+            )
+        lim = self.llmapi or LlmapiConfig()
+        if spec.draft_len_schedule is not None and lim.draft_len_schedule is not None:
+            refused.append("llmapi.draft_len_schedule: set the schedule once, as speculative.draft_len_schedule")
         if refused:
             raise ValueError("engine: llmapi cannot honour these settings:\n    " + "\n    ".join(refused))
-        lim = self.llmapi or LlmapiConfig()
-        sched = lim.draft_len_schedule
+        which = "speculative" if spec.draft_len_schedule is not None else "llmapi"
+        sched = spec.draft_len_schedule or lim.draft_len_schedule
         if sched is not None:
             if sched.get(1) != spec.max_draft_len:
                 raise ValueError(
-                    f"llmapi.draft_len_schedule must map batch size 1 to max_draft_len ({spec.max_draft_len}); "
+                    f"{which}.draft_len_schedule must map batch size 1 to max_draft_len ({spec.max_draft_len}); "
                     f"got {sched.get(1)!r} (TensorRT-LLM enforces schedule[1] == max_draft_len)"
                 )
             over = {b: k for b, k in sched.items() if k > spec.max_draft_len}
             if over:
-                raise ValueError(f"llmapi.draft_len_schedule: draft lengths {over} exceed max_draft_len ({spec.max_draft_len})")
+                raise ValueError(f"{which}.draft_len_schedule: draft lengths {over} exceed max_draft_len ({spec.max_draft_len})")
 
     @property
     def source_dir(self) -> Path | None:

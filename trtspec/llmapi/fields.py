@@ -36,3 +36,8 @@ def version_fields(version: str | None = None) -> dict[str, Any]:
 def runtime_names(kind: str) -> list[str]:
     """Names of one runtime class or call of the LLM API the Triton model uses (SamplingParams, ...)."""
     return list(surface()["runtime"][kind])
+
+
+def mtp_model_types() -> dict[str, str]:
+    """model_type -> family of the targets TensorRT-LLM runs MTP for (api_surface.json mtp_model_types)."""
+    return {k: v for k, v in surface()["mtp_model_types"].items() if not k.startswith("_")}

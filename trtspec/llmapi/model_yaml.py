@@ -10,32 +10,84 @@ from typing import Any
 
 from trtspec.pipeline.preflight import plan_max_num_tokens
 from trtspec.config import BuildConfig, LlmapiConfig
-from trtspec.llmapi.fields import version_fields
-
-DRAFT_TARGET, NGRAM = "model", "ngram"
+from trtspec.checkpoint import eagle3_capture_layers, inspect_checkpoint
+from trtspec.llmapi.fields import pinned_version, version_fields
+from trtspec.methods import METHODS
 
 
 class ModelYamlError(ValueError):
     """A model.yaml that the pinned TensorRT-LLM version would refuse; names the key."""
 
 
+def schedule_for_version(schedule: dict[int, int], keys: str, max_batch_size: int) -> dict[int, int]:
+    """trtspec's draft_len_schedule (each key a batch size from which its length applies upward) in the key
+    semantics a TensorRT-LLM version reads: "lower_bound" (the same map) or "upper_bound" (each key the largest
+    batch size its length applies to; the last range ends at max_batch_size)."""
+    items = sorted(schedule.items())
+    if keys == "lower_bound":
+        return dict(items)
+    if keys == "upper_bound":
+        out = {nxt - 1: k for (b, k), (nxt, _) in zip(items, items[1:]) if nxt - 1 >= b}
+        if items[-1][0] <= max_batch_size:
+            out[max_batch_size] = items[-1][1]
+        return out
+    raise ValueError(f"unknown draft_len_schedule key semantics {keys!r}")
+
+
+def _canonical_schedule(cfg: BuildConfig) -> dict[int, int] | None:
+    lim = cfg.llmapi or LlmapiConfig()
+    return cfg.speculative.draft_len_schedule or lim.draft_len_schedule
+
+
 def speculative_config(cfg: BuildConfig, draft_dir: Path | None, version: str | None = None) -> dict[str, Any]:
+    """speculative_config spelled as TensorRT-LLM `version` parses it (DecodingBaseConfig.from_dict)."""
     spec, lim = cfg.speculative, cfg.llmapi or LlmapiConfig()
-    kind = version_fields(version)["decoding_types"][spec.draft_source]
+    f = version_fields(version)
+    v = version or f"{pinned_version()} (pinned)"
+    method = spec.method or "draft_model"
+    kind = f["decoding_types"][method]
     out: dict[str, Any] = {"decoding_type": kind["decoding_type"], "max_draft_len": spec.max_draft_len}
-    if spec.draft_source == DRAFT_TARGET:
+    if METHODS[method].draft is not None:
         if draft_dir is None:
-            raise ModelYamlError("speculative_config.speculative_model: the DraftTarget flavour needs the draft checkpoint")
-        out["speculative_model"] = str(draft_dir)
-    else:
+            raise ModelYamlError(f"speculative_config.{f['speculative_model_field']}: method {method} needs the draft checkpoint")
+        out[f["speculative_model_field"]] = str(draft_dir)
+    if method == "ngram":
         out["max_matching_ngram_size"] = spec.ngram_max
-    optional = {
-        "max_concurrency": lim.max_concurrency,
-        "draft_len_schedule": lim.draft_len_schedule,
-        "acceptance_window": lim.acceptance_window,
-        "acceptance_length_threshold": lim.acceptance_length_threshold,
-    }
-    out.update({k: v for k, v in optional.items() if v is not None})
+    if method == "mtp":
+        # MTPDecodingConfig.from_dict overwrites max_draft_len with num_nextn_predict_layers (default 1)
+        out[kind["draft_len_field"]] = spec.max_draft_len
+    if method == "eagle3" and draft_dir is not None and (Path(draft_dir) / "config.json").is_file():
+        layers = eagle3_capture_layers(inspect_checkpoint(draft_dir))
+        if layers is not None:
+            if "eagle3_layers_to_capture" not in kind["fields"]:
+                raise ModelYamlError(
+                    f"speculative_config.eagle3_layers_to_capture: the head pins capture layers {layers} but TensorRT-LLM "
+                    f"{v} has no eagle3_layers_to_capture (it captures its default layers); pin TensorRT-LLM 1.1 or later"
+                )
+            out["eagle3_layers_to_capture"] = layers
+    if lim.max_concurrency is not None:
+        if f["max_concurrency"] is None:
+            raise ModelYamlError(f"llmapi.max_concurrency: TensorRT-LLM {v} has no max_concurrency; remove it or pin 1.1 or later")
+        out[f["max_concurrency"]] = lim.max_concurrency
+    sched = _canonical_schedule(cfg)
+    if sched is not None:
+        rules = f["draft_len_schedule"]
+        if rules is None:
+            which = "speculative" if spec.draft_len_schedule is not None else "llmapi"
+            raise ModelYamlError(
+                f"{which}.draft_len_schedule: TensorRT-LLM {v} has no draft_len_schedule; remove it (llmapi.max_concurrency "
+                "turns speculation off above a batch size) or pin 1.2"
+            )
+        out[rules["field"]] = schedule_for_version(sched, rules["keys"], cfg.limits.max_batch_size)
+    if lim.acceptance_window is not None:
+        gate = f["acceptance_gate"]
+        if gate is None:
+            raise ModelYamlError(
+                f"llmapi.acceptance_window: TensorRT-LLM {v} has no acceptance gate; remove acceptance_window / "
+                "acceptance_length_threshold or pin 1.2"
+            )
+        out[gate["window"]] = lim.acceptance_window
+        out[gate["threshold"]] = lim.acceptance_length_threshold
     return out
 
 
@@ -73,25 +125,27 @@ def generate(
 
 
 def validate(doc: dict[str, Any], version: str | None = None) -> None:
-    """Every key must be a field of that version's TorchLlmArgs (and nested configs); raises ModelYamlError."""
+    """Load `doc` the way TensorRT-LLM `version` does (update_llm_args_with_extra_dict, as recorded) and check
+    the top-level keys; raises ModelYamlError naming the key."""
+    from trtspec.llmapi.parser import LlmArgsError, load_model_yaml
+
     f = version_fields(version)
-    problems = []
-    allowed = set(f["TorchLlmArgs"]) | {"triton_config"}
-    problems += [f"{k}: not an LLM() argument of TensorRT-LLM {version or 'pinned'}" for k in doc if k not in allowed]
-    for k in doc.get("kv_cache_config") or {}:
-        if k not in f["KvCacheConfig"]:
-            problems.append(f"kv_cache_config.{k}: not a KvCacheConfig field")
-    for k in doc.get("triton_config") or {}:
-        if k not in f["triton_config"]:
-            problems.append(f"triton_config.{k}: not a triton_config key")
-    sc = doc.get("speculative_config")
-    if sc is not None:
-        kinds = {d["decoding_type"]: d for d in f["decoding_types"].values()}
-        dt = sc.get("decoding_type")
-        if dt not in kinds:
-            problems.append(f"speculative_config.decoding_type: {dt!r}; this version spells it one of {sorted(kinds)}")
-        else:
-            ok = set(f["DecodingBaseConfig"]) | set(kinds[dt]["fields"]) | set(f["speculative_model_aliases"]) | {"decoding_type"}
-            problems += [f"speculative_config.{k}: not a field of {kinds[dt]['class']}" for k in sc if k not in ok]
+    problems = [f"{k}: not an LLM() argument trtspec knows for TensorRT-LLM {version or 'pinned'}"
+                for k in doc if k not in set(f["TorchLlmArgs"]) | {"triton_config"}]
+    problems += [f"triton_config.{k}: not a triton_config key" for k in doc.get("triton_config") or {} if k not in f["triton_config"]]
+    try:
+        load_model_yaml(doc, version)
+    except LlmArgsError as e:
+        problems.append(str(e))
     if problems:
         raise ModelYamlError("model.yaml does not match TensorRT-LLM's LLM API:\n  " + "\n  ".join(problems))
+
+
+def validate_installed(doc: dict[str, Any]) -> str | None:
+    """Check `doc` with the installed tensorrt_llm's own classes; the installed version, or None (not installed)."""
+    from trtspec.llmapi.parser import LlmArgsError, validate_installed as check
+
+    try:
+        return check(doc)
+    except LlmArgsError as e:
+        raise ModelYamlError(str(e)) from None

@@ -9,14 +9,19 @@ FORCE_STANDIN = "TRTSPEC_LLMAPI_STANDIN"  # "1": use the stand-in even where ten
 
 
 def load_api():
-    """(LLM, SamplingParams, implementation name)."""
+    """(LLM, SamplingParams, implementation name, update_llm_args_with_extra_dict)."""
     if os.environ.get(FORCE_STANDIN) != "1":
         try:
             from tensorrt_llm import LLM, SamplingParams
 
-            return LLM, SamplingParams, "tensorrt_llm"
+            try:
+                from tensorrt_llm.llmapi.llm_args import update_llm_args_with_extra_dict
+            except ImportError:  # 1.0 / 1.1 keep it in llm_utils
+                from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict
+            return LLM, SamplingParams, "tensorrt_llm", update_llm_args_with_extra_dict
         except ImportError:
             pass
+    from trtspec.llmapi.parser import update_llm_args_with_extra_dict
     from trtspec.llmapi.standin import LLM, SamplingParams
 
-    return LLM, SamplingParams, "trtspec.llmapi.standin"
+    return LLM, SamplingParams, "trtspec.llmapi.standin", update_llm_args_with_extra_dict

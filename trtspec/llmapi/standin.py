@@ -29,6 +29,7 @@ import numpy as np
 from trtspec.batching import BatchScheduler
 from trtspec.config import SpeculativeConfig
 from trtspec.llmapi.fields import version_fields
+from trtspec.llmapi.parser import decoding_config_from_dict
 from trtspec.loop import Step, LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
 from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors
 from trtspec.speculative import draft_len_at_load
@@ -213,6 +214,10 @@ class _Requests:
                 self.in_flight -= 1
 
 
+# speculative method -> the loop's draft source (None: no speculation)
+STANDIN_SOURCES: dict[str | None, str | None] = {None: None, "draft_model": "model", "ngram": "ngram"}
+
+
 class LLM:
     """`tensorrt_llm.LLM` for CPU: the arguments are TorchLlmArgs fields (unknown ones are refused, as the
     real pydantic model refuses them); the ones that matter on CPU are used, the rest are accepted as is."""
@@ -224,13 +229,18 @@ class LLM:
         unknown = sorted(k for k in kwargs if k not in known)
         if unknown:
             raise TypeError(f"LLM() got unexpected arguments: {', '.join(unknown)}")
+        if isinstance(speculative_config, dict):  # LLM(speculative_config={...}) without the YAML parser
+            speculative_config = decoding_config_from_dict(speculative_config)
         self.args = dict(kwargs, model=str(model), speculative_config=speculative_config)
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or model))
-        spec = dict(speculative_config or {})
-        kinds = {d["decoding_type"]: src for src, d in version_fields()["decoding_types"].items()}
-        self.source = kinds.get(spec.get("decoding_type")) if spec else None
-        if spec and self.source is None:
-            raise ValueError(f"speculative_config.decoding_type {spec.get('decoding_type')!r}: expected one of {sorted(kinds)}")
+        spec = speculative_config.values if speculative_config is not None else {}
+        method = speculative_config.method if speculative_config is not None else None
+        if method not in STANDIN_SOURCES:
+            raise ValueError(
+                f"speculative_config: {speculative_config.cls} ({method}) is not served by the CPU stand-in; "
+                f"it serves {', '.join(k for k in STANDIN_SOURCES if k)} (the GPU runs TensorRT-LLM itself)"
+            )
+        self.source = STANDIN_SOURCES[method]
         self.max_draft_len = int(spec.get("max_draft_len") or 0)
         self.max_concurrency = spec.get("max_concurrency")
         self.schedule = {int(b): int(k) for b, k in (spec.get("draft_len_schedule") or {}).items()}

@@ -553,14 +553,19 @@ def make_plan(
 
 def _llmapi_yamls(plan: Plan, kv_fraction: float | None) -> dict[str, Any]:
     """The generated model.yaml per endpoint, or the reason it cannot be generated (a preflight error)."""
-    from trtspec.llmapi.model_yaml import ModelYamlError
+    from trtspec.llmapi.model_yaml import ModelYamlError, validate_installed
     from trtspec.llmapi.repository import model_yamls
 
     try:
-        return model_yamls(plan.cfg, draft_dir=plan.llmapi_draft_dir, version=plan.trtllm_version, kv_fraction=kv_fraction)
+        docs = model_yamls(plan.cfg, draft_dir=plan.llmapi_draft_dir, version=plan.trtllm_version, kv_fraction=kv_fraction)
+        # the installed TensorRT-LLM's own classes where it is importable; the recorded layouts otherwise
+        installed = {validate_installed(doc) for doc in docs.values()} - {None}
     except (ModelYamlError, KeyError) as e:
         plan.preflight.add("error", "llmapi-model-yaml", str(e).strip("'\""))
         return {}
+    how = f"the installed TensorRT-LLM {installed.pop()}'s own classes" if installed else "the recorded llm_args.py layout"
+    plan.preflight.notes.append(f"model.yaml checked against {how}")
+    return docs
 
 
 def _tree_digest(root: Path) -> str | None:

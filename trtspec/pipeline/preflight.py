@@ -24,7 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from trtspec.checkpoint import DTYPE_BYTES, CheckpointInfo, check_pair, format_bytes, format_params
+from trtspec.checkpoint import (
+    DTYPE_BYTES,
+    CheckpointInfo,
+    check_eagle3_head,
+    check_mtp_target,
+    check_pair,
+    format_bytes,
+    format_params,
+)
 from trtspec.config import BuildConfig, EngineKind, ModelConfig
 from trtspec.contract.nvidia import ENGINE_FLOW_RANGE
 from trtspec.machine import Machine, disk_free
@@ -295,11 +303,23 @@ def run_preflight(
 
 
 def _check_pair(cfg: BuildConfig, infos: dict[str, CheckpointInfo | None], r: PreflightResult) -> None:
+    """The drafter against its target, by method: a draft model's vocabulary and size, an EAGLE-3 head's shapes
+    and vocabulary map, a target's own MTP layers."""
     t, d = infos.get("target"), infos.get("draft")
-    if t is None or d is None:
+    method = cfg.speculative.method
+    if t is None:
         return
-    report = check_pair(t, d, use_draft_logits=cfg.speculative.use_draft_logits)
-    for level, code, message in report.findings:
+    if method == "mtp":
+        from trtspec.llmapi.fields import mtp_model_types
+
+        findings = check_mtp_target(t, mtp_model_types())
+    elif d is None:
+        return
+    elif method == "eagle3":
+        findings = check_eagle3_head(t, d)
+    else:
+        findings = check_pair(t, d, use_draft_logits=cfg.speculative.use_draft_logits).findings
+    for level, code, message in findings:
         r.add(level, code, message)  # type: ignore[arg-type]
 
 

@@ -180,6 +180,7 @@ def plan_launch(
     tensorrt_llm_model_names: Sequence[str] | None = None,
     multi_model: bool | None = None,
     disable_spawn_processes: bool = False,
+    model_ranks: Mapping[str, int] | None = None,
     use_mpi: bool = True,
     mpirun: str = "mpirun",
     oversubscribe: bool = False,
@@ -195,7 +196,8 @@ def plan_launch(
     """Build the argv/env to serve ``model_repository`` the way TensorRT-LLM needs.
 
     ``tensorrt_llm_model_names``: default = the models with ``backend: "tensorrtllm"`` in the repository.
-    ``multi_model``: orchestrator mode; default = two or more TensorRT-LLM models. ``triton_version``: default
+    ``multi_model``: orchestrator mode; default = two or more TensorRT-LLM models. ``model_ranks``: TP x PP of each
+    TensorRT-LLM model (default 1 each); with ``disable_spawn_processes`` world_size must be 1 + their sum. ``triton_version``: default
     ``$NVIDIA_TRITON_SERVER_VERSION``. ``num_gpus``: default ``gpu_count()`` (only needed for the orchestrator
     memory-pool flags).
     """
@@ -218,10 +220,14 @@ def plan_launch(
                 f"(got {world_size}). For world_size = 1 + TP_draft + TP_target (fast logits), also set "
                 "disable_spawn_processes."
             )
-        if disable_spawn_processes and world_size < 1 + len(names):
+        ranks = {n: 1 for n in names} | dict(model_ranks or {})
+        if disable_spawn_processes and world_size != 1 + sum(ranks[n] for n in names):
+            # NVIDIA's multi-instance docs: exactly one orchestrator rank plus every model's ranks; more fails at load.
+            each = " + ".join(f"{ranks[n]} ({n})" for n in names)
             raise ServerError(
-                f"with disable_spawn_processes, world_size must be 1 (orchestrator) + the ranks of every TensorRT-LLM "
-                f"model ({', '.join(names)}): at least {1 + len(names)}, got {world_size}"
+                f"world_size: with disable_spawn_processes it must be exactly 1 (orchestrator) + {each} = "
+                f"{1 + sum(ranks[n] for n in names)}, got {world_size}; set world_size to that (model_ranks gives "
+                "each TensorRT-LLM model's TP x PP)"
             )
         env["TRTLLM_ORCHESTRATOR"] = "1"
         env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] = "0" if disable_spawn_processes else "1"

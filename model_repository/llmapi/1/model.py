@@ -23,9 +23,10 @@ class TritonPythonModel:
     def initialize(self, args):
         doc = yaml.safe_load((Path(__file__).parent / "model.yaml").read_text())
         doc.pop("triton_config", None)
-        LLM, self.SamplingParams, self.implementation = load_api()
-        self.llm = LLM(**doc)
         self.max_draft_len = int((doc.get("speculative_config") or {}).get("max_draft_len") or 0)
+        LLM, self.SamplingParams, self.implementation, parse = load_api()
+        # as NVIDIA's llmapi model and trtllm-serve do: the YAML goes through update_llm_args_with_extra_dict
+        self.llm = LLM(**parse({}, doc))
         self.metrics = PrometheusExporter(pb_utils, io.model_parameters(args).get("metrics_label") or args["model_name"])
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
