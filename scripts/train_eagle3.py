@@ -9,9 +9,9 @@ Stages (each cached under ``--work``, so an interrupted run resumes):
 1. ``gen``    chat prompts (training topics x instruction forms; topics of the built-in bench prompts excluded)
               continued by the target in batches, mostly greedy (greedy is what the targets measure), some
               sampled. The same forward passes capture, per position, the outputs of the capture layers
-              (trtspec.eagle3.capture_layers: 1, 14, 26 for 30 layers) and the final normed hidden state (the
+              (trtspec.checkpoint.default_capture_layers: 1, 14, 26 for 30 layers) and the final normed hidden state (the
               teacher: its logits over the draft vocabulary are recomputed in training). One shard per batch.
-2. ``train``  the head (trtspec.eagle3.Eagle3Head: fc over the 3 captured states, one decoder layer over
+2. ``train``  the head (trtspec.reference_engine.eagle3.Eagle3Head: fc over the 3 captured states, one decoder layer over
               [embedding ; feature], norm, draft-vocab lm_head) with training-time test: ``--ttt`` unrolled steps,
               each feeding its own output state back, step i weighted 0.8^i, soft cross-entropy against the
               target's distribution restricted to the draft vocabulary.
@@ -20,6 +20,9 @@ Stages (each cached under ``--work``, so an interrupted run resumes):
 Run (about 50 min on 1 core)::
 
     OMP_NUM_THREADS=1 nice -n 15 nohup python scripts/train_eagle3.py --budget-min 50 > train.log 2>&1 &
+
+The shipped head was made in two invocations of the same stages (generation, then ``--stage train``); its
+provenance.json has the commands.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from train_draft import CHAT_FORMS, PLAIN_FORMS, TOPICS, _as_ids, encode_chat  # noqa: E402
 
 from trtspec import demo_pair  # noqa: E402
+from trtspec.checkpoint import default_capture_layers  # noqa: E402
 
 T0 = time.monotonic()
 
@@ -184,7 +188,7 @@ def stage_gen(args, deadline: float | None) -> None:
     target_dir = demo_pair.ensure_target(progress=log)
     tok = AutoTokenizer.from_pretrained(target_dir)
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    cap = Capture(model, eagle3.capture_layers(model.config.num_hidden_layers))
+    cap = Capture(model, default_capture_layers(model.config.num_hidden_layers))
     eos = tok.convert_tokens_to_ids(demo_pair.EOS_TOKEN)
     gen = torch.Generator().manual_seed(args.seed)
     jobs = make_jobs(tok, args)[: args.gen_limit]
@@ -380,7 +384,7 @@ def stage_train(args) -> None:
     tcfg = AutoConfig.from_pretrained(target_dir)
     tt = target_tensors(target_dir)
     vocab_ids = sorted(json.loads((REPO / "trtspec/assets/demo_draft" / demo_pair.ASSET_VOCAB).read_text())["ids"])
-    layers = eagle3.capture_layers(tcfg.num_hidden_layers)
+    layers = default_capture_layers(tcfg.num_hidden_layers)
     cfg = eagle3.head_config(tcfg, len(vocab_ids), layers)
     seqs = load_shards(args)
     n_tok = sum(len(s["ids"]) for s in seqs)
@@ -525,6 +529,9 @@ def main() -> None:
     ap.add_argument("--gen-limit", type=int, help="decode only the first N prompts (replays a budgeted run)")
     ap.add_argument("--gen-min", type=float, default=0.0, help="wall-time budget for generation; 0 = off")
     ap.add_argument("--train-min", type=float, default=0.0, help="wall-time budget for training; sizes --steps")
+    ap.add_argument("--budget-min", type=float, default=0.0,
+                    help="wall-time budget for the whole run: generation gets 45%%, training what is left (sizes --steps); "
+                         "provenance.json records the counts used, and --gen-limit/--steps replay them without a budget")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--ttt", type=int, default=3, help="unrolled draft steps in training (training-time test)")
     ap.add_argument("--tokens-per-step", type=int, default=1536)
@@ -544,8 +551,12 @@ def main() -> None:
     torch.manual_seed(args.seed)
     args.work.mkdir(parents=True, exist_ok=True)
     log(f"args: {vars(args)}")
+    if args.budget_min > 0:
+        args.gen_min = args.gen_min or 0.45 * args.budget_min
     if args.stage in ("all", "gen"):
         stage_gen(args, T0 + args.gen_min * 60 if args.gen_min > 0 else None)
+    if args.budget_min > 0 and not args.train_min:
+        args.train_min = max(1.0, args.budget_min - (time.monotonic() - T0) / 60)
     if args.stage in ("all", "train"):
         stage_train(args)
 

@@ -83,56 +83,58 @@ def test_a_head_for_another_target_is_refused_by_field():
         eagle3.check_against_target(cfg, SimpleNamespace(num_hidden_layers=16, hidden_size=576, vocab_size=VOCAB_SIZE), "head")
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from trtspec.repository import generate_repository
+    from trtspec.server import ServerOptions, create_server
+
+    cfg = parse_config(
+        {
+            "name": "test-eagle3",
+            "engine": "reference",
+            "device": "cpu",
+            "target": {"checkpoint": "demo:target", "dtype": "float32"},
+            "draft": {"checkpoint": "demo:eagle3", "dtype": "float32"},
+            "speculative": {"method": "eagle3", "max_draft_len": 8, "num_draft_tokens": 3},
+            "limits": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 320},
+            "triton": {"speculative_instance_count": 2},
+        }
+    )
+    repo = generate_repository(cfg, tmp_path_factory.mktemp("repo") / "model_repository")
+    assert not (repo / "tensorrt_llm_draft").exists()  # the head drafts inside the target engine
+    with create_server(ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto")) as s:
+        s.wait_ready(300)
+        yield s
+
+
+def _client(server, model="ensemble"):
+    return Client(server.endpoints.http_address, "http", model)
+
+
+@pytest.fixture(scope="module")
+def baseline(server):
+    client = _client(server, "baseline")
+    return [client.generate(p, MAX_TOKENS).token_ids for p in PROMPTS]
+
+
 @pytest.mark.slow
-class TestThroughTriton:
-    @pytest.fixture(scope="class")
-    def server(self, tmp_path_factory):
-        from trtspec.repository import generate_repository
-        from trtspec.server import ServerOptions, create_server
+def test_greedy_identical_alone_and_concurrent(server, baseline):
+    client = _client(server)
+    alone = [client.generate(p, MAX_TOKENS, num_draft_tokens=3) for p in PROMPTS]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda p: client.generate(p, MAX_TOKENS, num_draft_tokens=3), PROMPTS))
+    for gens in (alone, together):
+        assert [g.token_ids for g in gens] == baseline
+    drafted = sum(g.stats.total_draft_tokens for g in alone)
+    accepted = sum(g.stats.total_accepted_draft_tokens for g in alone)
+    assert drafted > 0 and accepted > 0  # the head drafts, and the target keeps some of it
 
-        cfg = parse_config(
-            {
-                "name": "test-eagle3",
-                "engine": "reference",
-                "device": "cpu",
-                "target": {"checkpoint": "demo:target", "dtype": "float32"},
-                "draft": {"checkpoint": "demo:eagle3", "dtype": "float32"},
-                "speculative": {"method": "eagle3", "max_draft_len": 8, "num_draft_tokens": 3},
-                "limits": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 320},
-                "triton": {"speculative_instance_count": 2},
-            }
-        )
-        repo = generate_repository(cfg, tmp_path_factory.mktemp("repo") / "model_repository")
-        assert not (repo / "tensorrt_llm_draft").exists()  # the head drafts inside the target engine
-        with create_server(ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto")) as s:
-            s.wait_ready(300)
-            yield s
 
-    @staticmethod
-    def _client(server, model="ensemble"):
-        return Client(server.endpoints.http_address, "http", model)
-
-    @pytest.fixture(scope="class")
-    def baseline(self, server):
-        client = self._client(server, "baseline")
-        return [client.generate(p, MAX_TOKENS).token_ids for p in PROMPTS]
-
-    def test_greedy_identical_alone_and_concurrent(self, server, baseline):
-        client = self._client(server)
-        alone = [client.generate(p, MAX_TOKENS, num_draft_tokens=3) for p in PROMPTS]
-        with ThreadPoolExecutor(4) as pool:
-            together = list(pool.map(lambda p: client.generate(p, MAX_TOKENS, num_draft_tokens=3), PROMPTS))
-        for gens in (alone, together):
-            assert [g.token_ids for g in gens] == baseline
-        drafted = sum(g.stats.total_draft_tokens for g in alone)
-        accepted = sum(g.stats.total_accepted_draft_tokens for g in alone)
-        assert drafted > 0 and accepted > 0  # the head drafts, and the target keeps some of it
-
-    def test_response_reports_acceptance(self, server):
-        g = self._client(server).generate(PROMPTS[0], MAX_TOKENS, num_draft_tokens=3)
-        s = g.stats
-        assert s.total_draft_tokens > 0
-        assert s.acceptance_rate == pytest.approx(s.total_accepted_draft_tokens / s.total_draft_tokens, abs=1e-6)
-        assert s.accepted_per_position[0] >= s.accepted_per_position[1] >= s.accepted_per_position[2]
-        assert sum(s.accepted_per_position) == s.total_accepted_draft_tokens
-        assert s.accepted_by_source[0] == s.total_accepted_draft_tokens  # "model": the deployment's drafter
+@pytest.mark.slow
+def test_response_reports_acceptance(server):
+    s = _client(server).generate(PROMPTS[0], MAX_TOKENS, num_draft_tokens=3).stats
+    assert s.total_draft_tokens > 0
+    assert s.acceptance_rate == pytest.approx(s.total_accepted_draft_tokens / s.total_draft_tokens, abs=1e-6)
+    assert s.accepted_per_position[0] >= s.accepted_per_position[1] >= s.accepted_per_position[2]
+    assert sum(s.accepted_per_position) == s.total_accepted_draft_tokens
+    assert s.accepted_by_source[0] == s.total_accepted_draft_tokens  # "model": the deployment's drafter

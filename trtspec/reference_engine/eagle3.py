@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from trtspec.checkpoint import default_capture_layers
+
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 CONFIG_FILE = "config.json"
 TENSORS_FILE = "model.safetensors"
@@ -34,14 +36,10 @@ class Eagle3Error(ValueError):
     """A head checkpoint that does not fit its target; the message names the field."""
 
 
-def capture_layers(num_layers: int) -> list[int]:
-    """TensorRT-LLM's default capture layers, {1, L//2-1, L-4}: the *outputs* of these decoder layers."""
-    return sorted({1, num_layers // 2 - 1, num_layers - 4})
-
-
 def head_capture_layers(config: dict, target_layers: int) -> list[int]:
+    """The outputs of these decoder layers feed the head: eagle_config's ids (layer outputs), else TensorRT-LLM's default."""
     ids = (config.get("eagle_config") or {}).get(AUX_LAYERS_KEY)
-    return list(ids) if ids else capture_layers(target_layers)
+    return list(ids) if ids else default_capture_layers(target_layers)
 
 
 class RMSNorm(nn.Module):

@@ -63,12 +63,12 @@ class ReferenceEngine:
             except ValueError as e:
                 raise ValueError(f"{checkpoint}: {e}") from None
             self.draft_vocab = torch.tensor(ids, dtype=torch.long, device=self.device)
+        # An EAGLE-3 head drafting in this engine: a request's next_draft_len asks it for the next call's draft.
+        self.eagle3 = InEngineDrafter(eagle3_head, self.model, cache_entries) if eagle3_head else None
         if cache_bytes is None and cache_tokens:  # a budget in tokens: this model's KV bytes per token decide
             cache_bytes = cache_tokens * self.kv_bytes_per_token()
         self.cache = PrefixCache(cache_entries, cache_bytes)
         self.salt = salt  # decorrelates the random streams of the draft and the target under one seed
-        # An EAGLE-3 head drafting in this engine: a request's next_draft_len asks it for the next call's draft.
-        self.eagle3 = InEngineDrafter(eagle3_head, self.model, cache_entries) if eagle3_head else None
 
     def kv_bytes_per_token(self) -> int:
         """Measured: the KV cache one token leaves behind (any architecture, dtype and head layout)."""
