@@ -86,12 +86,17 @@ class MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, eps)
 
 
-def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """Llama rotary embedding (rotate-half layout) of x [..., T, D] at positions pos [T] (or broadcastable)."""
-    d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+def rope_angles(pos: torch.Tensor, d: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, D] of the Llama rotary embedding at positions pos [T]."""
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
     ang = pos.to(torch.float32)[..., None] * inv
-    cos, sin = torch.cat([ang, ang], -1).cos().to(x.dtype), torch.cat([ang, ang], -1).sin().to(x.dtype)
+    ang = torch.cat([ang, ang], -1)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Llama rotary embedding (rotate-half layout) of x [..., T, D]."""
+    d = x.shape[-1]
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
@@ -112,6 +117,7 @@ class Eagle3Head(nn.Module):
         self.register_buffer("t2d", torch.zeros(cfg["vocab_size"], dtype=torch.bool))
         self.register_buffer("embed", embed, persistent=False)  # the target's, shared
         self.theta = float(cfg.get("rope_theta", 10000.0))
+        self.d2t_list: list[int] = []  # d2t as a list, for drafting one token at a time (set by load_head)
 
     # -------------------------------------------------------------- pieces (shared by training and drafting)
 
@@ -125,8 +131,9 @@ class Eagle3Head(nn.Module):
         def split(t, n):
             return t.view(*lead, T, n, a.head_dim).transpose(-3, -2)
 
-        q = rope(split(a.q_proj(x), a.heads), pos, self.theta)
-        k = rope(split(a.k_proj(x), a.kv_heads), pos, self.theta)
+        cos, sin = rope_angles(pos, a.head_dim, self.theta, x.dtype)
+        q = rope(split(a.q_proj(x), a.heads), cos, sin)
+        k = rope(split(a.k_proj(x), a.kv_heads), cos, sin)
         return q, k, split(a.v_proj(x), a.kv_heads)
 
     def finish(self, attn: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
@@ -154,12 +161,9 @@ class Eagle3Head(nn.Module):
     def _attend(self, state: "HeadState", tokens: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(tokens, feat, pos)
         state.append(k, v)
-        a = self.midlayer.self_attn
-        K = state.k.repeat_interleave(a.heads // a.kv_heads, dim=0)
-        V = state.v.repeat_interleave(a.heads // a.kv_heads, dim=0)
-        n, kv = q.shape[-2], K.shape[-2]
+        n, kv = q.shape[-2], state.k.shape[-2]
         mask = None if n == 1 else torch.ones(n, kv, dtype=torch.bool).tril(kv - n)
-        out = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
+        out = F.scaled_dot_product_attention(q, state.k, state.v, attn_mask=mask, enable_gqa=True)
         return self.finish(out, feat)
 
     @torch.inference_mode()
@@ -169,7 +173,7 @@ class Eagle3Head(nn.Module):
         out, h = [], last
         for i in range(k):
             d = int(self.logits(h).argmax())
-            out.append(int(self.to_target(torch.tensor(d))))
+            out.append(d + self.d2t_list[d])
             if i + 1 < k:
                 h = self._attend(state, torch.tensor([out[-1]]), h[None], torch.tensor([state.length]))[-1]
         state.crop(keep)
@@ -251,6 +255,7 @@ def load_head(checkpoint: str | Path, target: nn.Module) -> tuple[Eagle3Head, li
     d2t = head.d2t
     if int((torch.arange(len(d2t)) + d2t).min()) < 0 or int((torch.arange(len(d2t)) + d2t).max()) >= cfg["vocab_size"]:
         raise Eagle3Error(f"{checkpoint}: d2t maps draft ids outside the target vocabulary [0, {cfg['vocab_size']})")
+    head.d2t_list = head.d2t.tolist()
     head.eval()
     for p in head.parameters():
         p.requires_grad = False
