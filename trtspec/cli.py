@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from trtspec import __version__
-from trtspec.commands import bench, bench_loop, build, demo, doctor, infer, k8s, profile, serve
+from trtspec.commands import bench, bench_engine, bench_loop, build, demo, doctor, infer, k8s, profile, serve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -27,7 +27,7 @@ def cli() -> None:
     """
 
 
-for _module in (build, doctor, serve, infer, bench, bench_loop, profile, demo, k8s):
+for _module in (build, doctor, serve, infer, bench, bench_loop, bench_engine, profile, demo, k8s):
     cli.add_command(_module.command)
 
 

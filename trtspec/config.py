@@ -34,7 +34,8 @@ class EngineKind(str, Enum):
     llmapi = "llmapi"  # TensorRT-LLM's LLM API (PyTorch backend, no engine build) in trtspec's Triton model
 
 
-Dtype = Literal["float16", "bfloat16", "float32"]
+# auto: engine: reference only, which picks bf16 where the CPU computes it natively and fp32 elsewhere
+Dtype = Literal["auto", "float16", "bfloat16", "float32"]
 
 # The reference engine's default prefix-cache budget per model: the demo target's KV cache is 45 KiB per
 # token (float32), so this holds ~5,800 tokens, e.g. 8 streams of 700.
@@ -282,6 +283,8 @@ class BuildConfig(_Strict):
         if self.engine is not EngineKind.reference:
             for role in ("target", "draft"):
                 m = getattr(self, role)
+                if m is not None and m.dtype == "auto":
+                    raise ValueError(f"{role}.dtype: auto applies to engine: reference; write float16, bfloat16 or float32")
                 if m is not None and "kv_cache_max_bytes" in m.model_fields_set:
                     raise ValueError(
                         f"{role}.kv_cache_max_bytes applies to engine: reference; TensorRT-LLM sizes its KV cache "

@@ -42,6 +42,15 @@ class RaggedBatch:
             s += len(seg.tokens)
         self.bounds = bounds
         self.total = s
+        self._masks: dict[tuple[int, int], torch.Tensor | None] = {}
+
+    def mask(self, i: int, kv: int, device: Any) -> torch.Tensor | None:
+        """Segment i's causal mask over its `kv` keys (None where SDPA needs none), built once per step and key
+        count (layers of one kind see the same shapes; building it per layer cost more than the attention)."""
+        if (i, kv) not in self._masks:
+            n = self.bounds[i][1] - self.bounds[i][0]
+            self._masks[i, kv] = None if n == 1 or n == kv else _causal_mask(n, kv, device)
+        return self._masks[i, kv]
 
     # Passed as the model's attention_mask: a 4D mask is used as given, so transformers builds none for the
     # packed row (each segment's mask is made in ragged_attention).
@@ -79,10 +88,10 @@ def ragged_attention(module, query, key, value, attention_mask, dropout: float =
     if ragged is None:  # a plain forward (no packed batch): ordinary SDPA attention with transformers' mask
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     outs = []
-    for seg, (s, e) in zip(ragged.segments, ragged.bounds):
+    for i, (seg, (s, e)) in enumerate(zip(ragged.segments, ragged.bounds)):
         k, v = seg.cache.update(key[:, :, s:e].contiguous(), value[:, :, s:e].contiguous(), module.layer_idx)
         n, kv = e - s, k.shape[2]
-        mask = None if n == 1 or n == kv else _causal_mask(n, kv, query.device)
+        mask = ragged.mask(i, kv, query.device)
         out, _ = sdpa_attention_forward(
             module, query[:, :, s:e], k, v, mask, dropout=dropout, scaling=scaling, is_causal=n > 1 and mask is None
         )

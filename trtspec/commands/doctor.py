@@ -65,6 +65,12 @@ def command(config: Path, gpus: str | None, output: Path | None) -> None:
     say(f"[bold]trtspec doctor[/] {escape(str(config))}: {escape(cfg.name)} (engine: {cfg.engine.value})")
     say(pair_table(plan.infos))
     print_machine(machine, out)
+    if cfg.engine is EngineKind.reference:
+        from trtspec.reference_engine.device import describe_precision
+
+        for role in ("target", "draft"):
+            if getattr(cfg, role) is not None:
+                say(f"  {role} precision: {escape(describe_precision(getattr(cfg, role).dtype, cfg.device))}")
 
     if cfg.engine is EngineKind.tensorrt_llm and pf.placement:
         say("[bold]Build plan[/]")

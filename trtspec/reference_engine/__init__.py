@@ -28,10 +28,10 @@ steps many together, one forward pass over all of them per step (the executor's 
 Modules: engine (ReferenceEngine: the forward and the request's steps), request (EngineRequest,
 EngineResult), prefix_cache (PrefixCache, share_prefix, memory release), tensor_io (the tensorrtllm
 backend's tensors in and out), device (device, precision, CPU tuning), draft_vocab (a draft's reduced
-vocabulary).
+vocabulary), limits (the step against the machine's weight-streaming limit: trtspec bench-engine).
 """
 
-from trtspec.reference_engine.device import _DTYPES, pick_device, tune_for_cpu
+from trtspec.reference_engine.device import _DTYPES, Precision, choose_precision, cpu_flags, pick_device, tune_for_cpu
 from trtspec.reference_engine.draft_vocab import DRAFT_VOCAB_FILE, draft_head, load_draft_vocab
 from trtspec.reference_engine.engine import ReferenceEngine
 from trtspec.reference_engine.prefix_cache import (
@@ -60,12 +60,15 @@ __all__ = [
     "UNSUPPORTED_INPUTS",
     "EngineRequest",
     "EngineResult",
+    "Precision",
     "PrefixCache",
     "ReferenceEngine",
     "RequestTensorError",
     "Steps",
     "TensorGetter",
     "cache_nbytes",
+    "choose_precision",
+    "cpu_flags",
     "draft_head",
     "load_draft_vocab",
     "pick_device",

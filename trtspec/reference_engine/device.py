@@ -3,10 +3,76 @@
 from __future__ import annotations
 
 import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# CPU flags (/proc/cpuinfo) of instructions that compute bf16 products natively: AVX-512 BF16 (Zen 4, Cooper
+# Lake and later) and AMX (Sapphire Rapids and later). oneDNN uses them for bf16 matmuls; without them bf16
+# is converted to fp32 around every product, slower than fp32 itself (2.1-3.8x on an AVX2-only Zen 3).
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+# Whether a position's logits are bitwise the same in a 1-token decode, a k+1-token verify and a 16-row batch
+# (tests/test_engine_exactness.py checks it against the real engine). The CPU GEMM kernels (MKL for fp32,
+# oneDNN for bf16/fp16) choose their blocking by the number of rows, so the last bits differ; greedy tokens
+# stay identical (same test), as they do on TensorRT-LLM, whose kernels are not batch-invariant either.
+BATCH_INVARIANT = {"float32": False, "bfloat16": False, "float16": False}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The dtype the engine loads its weights in, and why (printed at load, shown by `trtspec doctor`)."""
+
+    dtype: str
+    reason: str
+    warning: str | None = None
+
+    @property
+    def batch_invariant(self) -> bool:
+        return BATCH_INVARIANT[self.dtype]
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
+    """The first CPU's feature flags; empty where /proc/cpuinfo is not readable (not Linux)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def choose_precision(requested: str, device: str, flags: frozenset[str] | None = None) -> Precision:
+    """The dtype for `requested` (auto, float32, bfloat16, float16) on `device` ("cpu" or "cuda[:n]").
+
+    auto: on CPU bf16 where the CPU computes it natively, fp32 elsewhere; on CUDA fp32, the engine's exact
+    reference precision (write bfloat16/float16 for speed). An explicit dtype is honoured, with a warning
+    where the CPU has no native support for it."""
+    if requested != "auto" and requested not in _DTYPES:
+        raise ValueError(f"dtype: {requested!r} is not one of auto, {', '.join(_DTYPES)}")
+    if not device.startswith("cpu"):
+        if requested == "auto":
+            return Precision("float32", "auto on CUDA: float32, the reference engine's exact precision")
+        return Precision(requested, "as configured")
+    flags = cpu_flags() if flags is None else flags
+    native = sorted(set(NATIVE_BF16_FLAGS) & flags)
+    if requested == "auto":
+        if native:
+            return Precision("bfloat16", f"auto: this CPU computes bf16 natively ({', '.join(native)})")
+        return Precision("float32", f"auto: this CPU has no native bf16 (none of {', '.join(NATIVE_BF16_FLAGS)}): float32 is faster")
+    warning = None
+    if requested == "bfloat16" and not native:
+        warning = f"dtype bfloat16 on a CPU without native bf16 (none of {', '.join(NATIVE_BF16_FLAGS)}): slower than float32; use dtype: auto"
+    elif requested == "float16" and "avx512_fp16" not in flags and "amx_fp16" not in flags:
+        warning = "dtype float16 on a CPU without native fp16 (avx512_fp16, amx_fp16): slower than float32; use dtype: auto"
+    return Precision(requested, "as configured", warning)
 
 
 def tune_for_cpu(model: torch.nn.Module) -> None:
@@ -33,3 +99,13 @@ def pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
+
+
+def describe_precision(requested: str, device: str = "auto") -> str:
+    """One line for `trtspec doctor`: the dtype the engine would pick here, why, and whether it is batch-invariant."""
+    p = choose_precision(requested, pick_device(device))
+    invariant = "batch-invariant" if p.batch_invariant else (
+        "not batch-invariant: a position's logits can differ in the last bits between a decode, a verify and a "
+        "batch (greedy tokens stay identical)"
+    )
+    return f"{p.dtype} ({p.reason}); {invariant}" + (f"; warning: {p.warning}" if p.warning else "")

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -12,7 +14,7 @@ import numpy as np
 import torch
 
 from trtspec.ragged import ATTENTION, RaggedBatch, Segment, register as register_attention
-from trtspec.reference_engine.device import _DTYPES, pick_device, tune_for_cpu
+from trtspec.reference_engine.device import _DTYPES, choose_precision, pick_device, tune_for_cpu
 from trtspec.reference_engine.draft_vocab import draft_head, load_draft_vocab
 from trtspec.reference_engine.eagle3 import InEngineDrafter
 from trtspec.reference_engine.prefix_cache import PrefixCache, cache_nbytes
@@ -28,12 +30,27 @@ from trtspec.speculative import (
 )
 
 
+def plain_lm_head(model: torch.nn.Module) -> torch.Tensor | None:
+    """The LM head's weight [vocab, hidden] where the head is a plain linear map (no bias, softcapping or
+    logit scaling), else None.
+
+    With it the engine computes a step's logits as head @ hidden^T: MKL then streams the 49k-row head once
+    for all the step's rows. The usual hidden @ head^T packs the whole head for every call with more than
+    one row (a verify, a batch), several times the head's bytes (docs/benchmarks/engine.md)."""
+    head = model.get_output_embeddings()
+    config = model.config
+    plain = isinstance(head, torch.nn.Linear) and head.bias is None and not any(
+        getattr(config, a, None) not in (None, 1.0) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")
+    )
+    return head.weight.detach() if plain else None
+
+
 class ReferenceEngine:
     def __init__(
         self,
         checkpoint: str | Path,
         device: str = "auto",
-        dtype: str = "float32",
+        dtype: str = "auto",
         cache_entries: int = 16,
         cache_bytes: int | None = None,
         cache_tokens: int | None = None,
@@ -44,15 +61,18 @@ class ReferenceEngine:
         from transformers import AutoModelForCausalLM
 
         self.device = pick_device(device)
-        if self.device == "cpu" and dtype != "float32":
-            dtype = "float32"  # half precision matmuls are several times slower on CPU
-        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=_DTYPES[dtype]).to(self.device)
+        self.precision = choose_precision(dtype, self.device)
+        if self.precision.warning:
+            warnings.warn(f"{checkpoint}: {self.precision.warning}", stacklevel=2)
+        print(f"trtspec reference engine: {checkpoint}: {self.precision.dtype} on {self.device} ({self.precision.reason})", file=sys.stderr, flush=True)
+        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=_DTYPES[self.precision.dtype]).to(self.device)
         self.model.eval()
         register_attention()
         self.model.set_attn_implementation(ATTENTION)
         if self.device == "cpu":
             tune_for_cpu(self.model)
         self.vocab_size = int(self.model.config.vocab_size)
+        self._head = plain_lm_head(self.model) if self.device == "cpu" else None
         # With a draft vocabulary the head scores only those ids; every other logit is -inf, so greedy and
         # sampled proposals and the draft logits returned for rejection sampling all stay within it.
         self.draft_vocab: torch.Tensor | None = None
@@ -101,7 +121,10 @@ class ReferenceEngine:
         batch = RaggedBatch(segments)
         ids, pos, rows = batch.inputs(self.device)
         with torch.inference_mode():
-            if self.draft_vocab is None:
+            if self.draft_vocab is None and self._head is not None:
+                out = self.model.base_model(input_ids=ids, position_ids=pos, use_cache=False, **batch.kwargs())
+                logits = torch.mm(self._head, out.last_hidden_state[0, rows].t()).t().float().contiguous()
+            elif self.draft_vocab is None:
                 out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=rows, **batch.kwargs())
                 logits = out.logits[0].float()
             else:

@@ -1,0 +1,86 @@
+"""Exactness of the reference engine per precision, on the real demo pair (no Triton: the engine's own steps).
+
+For every dtype the engine offers on this device: greedy speculative output (demo draft proposing, target
+verifying) is token-identical to target-only; a verify of the target's own continuation accepts all of it and
+its bonus token is the decode's next token; a request stepped in a batch of 16 is token-identical to itself
+alone. Where device.BATCH_INVARIANT says a dtype is batch-invariant, a position's logits are also asserted
+bitwise equal across decode, verify and batch."""
+
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+from trtspec.reference_engine import EngineRequest, ReferenceEngine
+from trtspec.reference_engine.device import BATCH_INVARIANT
+
+DTYPES = ["float32", "bfloat16"]
+PROMPT = [1, 9690, 314, 253, 7018, 11173, 28, 3781, 2]  # tokens of the demo vocabulary
+N_NEW = 12
+
+
+def _prompts(n):
+    return [PROMPT[: 3 + i % 6] + [400 + 37 * i, 1200 + i] for i in range(n)]
+
+
+@pytest.fixture(scope="module", params=DTYPES)
+def pair(request, demo_pair):
+    with pytest.warns(UserWarning, match="without native bf16") if request.param == "bfloat16" and not _native_bf16() else nullcontext():
+        target = ReferenceEngine(demo_pair.target, device="cpu", dtype=request.param)
+    draft = ReferenceEngine(demo_pair.draft, device="cpu", dtype=request.param, salt=1)
+    assert next(target.model.parameters()).dtype == getattr(torch, request.param)  # an explicit dtype is honoured
+    return request.param, target, draft
+
+
+def _native_bf16() -> bool:
+    from trtspec.reference_engine.device import choose_precision
+
+    return choose_precision("bfloat16", "cpu").warning is None
+
+
+def _together(engine, reqs):
+    """Step all requests in one forward per step (the scheduler's in-flight batching, without its thread)."""
+    gens = [engine.steps(r) for r in reqs]
+    segs = {i: next(g) for i, g in enumerate(gens)}
+    results = {}
+    while segs:
+        engine.forward(list(segs.values()))
+        for i in list(segs):
+            try:
+                segs[i] = gens[i].send(None)
+            except StopIteration as done:
+                results[i] = done.value
+                del segs[i]
+    return [results[i] for i in range(len(reqs))]
+
+
+def test_speculative_greedy_equals_target_only(pair):
+    _, target, draft = pair
+    expected = target.run(EngineRequest(list(PROMPT), output_len=N_NEW)).new_tokens
+    seq, k = list(PROMPT), 3
+    while len(seq) - len(PROMPT) < N_NEW:
+        proposal = draft.run(EngineRequest(list(seq), output_len=k)).new_tokens
+        seq = target.run(EngineRequest(list(seq), output_len=1, draft_ids=proposal)).tokens
+    assert seq[len(PROMPT) : len(PROMPT) + N_NEW] == expected
+
+
+def test_verify_of_the_targets_own_tokens_accepts_all_and_matches_decode(pair):
+    dtype, target, _ = pair
+    solo = target.run(EngineRequest(list(PROMPT), output_len=5, return_generation_logits=True))
+    own = solo.new_tokens[:4]
+    verified = target.run(EngineRequest(list(PROMPT), output_len=1, draft_ids=own, return_generation_logits=True))
+    assert verified.num_accepted == 4 and verified.new_tokens == solo.new_tokens
+    if BATCH_INVARIANT[dtype]:
+        assert (verified.generation_logits == solo.generation_logits).all()
+
+
+def test_a_request_in_a_batch_of_16_equals_itself_alone(pair):
+    dtype, target, _ = pair
+    reqs = [EngineRequest(p, output_len=6, return_generation_logits=True) for p in _prompts(16)]
+    reqs[3] = EngineRequest(reqs[3].input_ids, output_len=2, draft_ids=[28, 253, 314], return_generation_logits=True)
+    solo = [target.run(r) for r in reqs]
+    target.cache = type(target.cache)(target.cache.max_entries, target.cache.max_bytes)  # batched prefill too
+    batched = _together(target, reqs)
+    assert [r.tokens for r in batched] == [r.tokens for r in solo]
+    if BATCH_INVARIANT[dtype]:
+        assert all((b.generation_logits == s.generation_logits).all() for b, s in zip(batched, solo))

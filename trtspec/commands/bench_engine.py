@@ -1,0 +1,42 @@
+"""`trtspec bench-engine`: the reference engine's step against this machine's weight-streaming limit."""
+
+from __future__ import annotations
+
+import click
+
+_HELP = """Measure the reference engine's step against this machine's limit, for each dtype.
+
+\b
+In process (no Triton): the bandwidth of a 1-row GEMV over the model's own weights and the
+step time it implies for the model's bytes; the engine's decode step, verify of 2/4/8 tokens
+and batched steps of 4/8/16 one-token rows; and the ratios against issue 27's targets
+(step <= 1.5x the limit, verify of 4 <= 1.25x a step, 8 rows <= 2x a step). Medians.
+
+\b
+Examples:
+  trtspec bench-engine                              # demo target, float32 and bfloat16
+  trtspec bench-engine --dtypes auto --threads 1 --checkpoint PATH
+"""
+
+
+@click.command("bench-engine", help=_HELP, short_help="Measure the reference engine's step against the machine's limit.")
+@click.option("--checkpoint", default="demo:target", show_default=True, help="HF checkpoint directory or demo:target / demo:draft.")
+@click.option("--dtypes", default="float32,bfloat16", show_default=True, help="Comma-separated: auto, float32, bfloat16, float16.")
+@click.option("--threads", type=click.IntRange(0), default=0, help="torch threads (0: torch's default).")
+@click.option("--context", type=click.IntRange(1), default=64, show_default=True, help="Tokens of KV cache per row.")
+@click.option("--reps", type=click.IntRange(1), default=7, show_default=True, help="Timed repetitions per figure (median).")
+def command(checkpoint: str, dtypes: str, threads: int, context: int, reps: int) -> None:
+    import torch
+
+    from trtspec.demo_pair import resolve_checkpoint
+    from trtspec.reference_engine import ReferenceEngine
+    from trtspec.reference_engine.limits import measure, report
+
+    if threads:
+        torch.set_num_threads(threads)  # before load: tune_for_cpu reads it
+    path = resolve_checkpoint(checkpoint)
+    for dtype in dtypes.split(","):
+        engine = ReferenceEngine(path, device="cpu", dtype=dtype.strip())
+        for line in report(measure(engine, context=context, reps=reps)):
+            click.echo(line)
+        del engine

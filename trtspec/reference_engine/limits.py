@@ -1,0 +1,118 @@
+"""The engine's step against this machine's limit: weight-streaming bandwidth measured with a GEMV over the
+model's own weights, the step time those bytes imply, and the engine's decode, verify and batched steps
+(`trtspec bench-engine` prints them)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from trtspec.ragged import Segment
+from trtspec.reference_engine import ReferenceEngine, share_prefix
+
+# The issue's targets (issue 27): ratios within one run.
+TARGET_STEP_OVER_LIMIT = 1.5
+TARGET_VERIFY4_OVER_STEP = 1.25
+TARGET_BATCH8_OVER_STEP = 2.0
+
+
+@dataclass
+class EngineLimits:
+    dtype: str
+    threads: int
+    context: int
+    weight_bytes: int  # the matrices one decode step reads (every Linear and the LM head)
+    bandwidth_gbs: float
+    limit_ms: float  # weight_bytes / bandwidth: the step time the bytes alone imply
+    step_ms: float
+    verify_ms: dict[int, float] = field(default_factory=dict)  # tokens verified -> ms
+    batch_ms: dict[int, float] = field(default_factory=dict)  # one-token rows -> ms
+
+    def ratios(self) -> dict[str, tuple[float, float]]:
+        """name -> (measured, target)."""
+        out = {"step / limit": (self.step_ms / self.limit_ms, TARGET_STEP_OVER_LIMIT)}
+        if 4 in self.verify_ms:
+            out["verify 4 / step"] = (self.verify_ms[4] / self.step_ms, TARGET_VERIFY4_OVER_STEP)
+        if 8 in self.batch_ms:
+            out["batch 8 / step"] = (self.batch_ms[8] / self.step_ms, TARGET_BATCH8_OVER_STEP)
+        return out
+
+
+def _timed(fn: Callable[[], None], reps: int) -> float:
+    """Median milliseconds of `reps` calls after one warm-up."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def _weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every matrix a decode step multiplies by, once (a tied LM head is the embedding matrix: counted once)."""
+    seen, out = set(), []
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) and id(m.weight) not in seen:
+            seen.add(id(m.weight))
+            out.append(m.weight.detach())
+    return out
+
+
+def streaming_gemv_ms(model: torch.nn.Module, reps: int) -> tuple[int, float]:
+    """(bytes, median ms) of one 1-row GEMV over each of the model's matrices as stored: the fastest this
+    machine reads those weights with torch's own kernels, nothing else in the way."""
+    weights = _weights(model)
+    xs = {w.shape[1]: torch.ones(1, w.shape[1], dtype=w.dtype) for w in weights}
+
+    def sweep() -> None:
+        for w in weights:
+            torch.nn.functional.linear(xs[w.shape[1]], w)
+
+    with torch.inference_mode():
+        return sum(w.nbytes for w in weights), _timed(sweep, reps)
+
+
+def measure(engine: ReferenceEngine, context: int = 64, verify: tuple[int, ...] = (2, 4, 8),
+            batch: tuple[int, ...] = (4, 8, 16), reps: int = 7) -> EngineLimits:
+    from transformers import DynamicCache
+
+    def prefilled(seed: int) -> Segment:
+        seg = Segment(DynamicCache(config=engine.model.config), [(seed * 7919 + i * 31) % 20000 + 100 for i in range(context)], 0, 1)
+        engine.forward([seg])
+        return seg
+
+    bases = [prefilled(i) for i in range(max((1, *batch)))]
+
+    def step(rows: int, tokens: int) -> Callable[[], None]:
+        def run() -> None:  # from the same prefilled caches each time: the context stays `context` tokens
+            engine.forward([Segment(share_prefix(b.cache, context), [500 + j for j in range(tokens)], context, tokens)
+                            for b in bases[:rows]])
+        return run
+
+    nbytes, limit_ms = streaming_gemv_ms(engine.model, reps)
+    out = EngineLimits(
+        dtype=str(next(engine.model.parameters()).dtype).removeprefix("torch."), threads=torch.get_num_threads(), context=context, weight_bytes=nbytes,
+        bandwidth_gbs=nbytes / limit_ms / 1e6, limit_ms=limit_ms, step_ms=_timed(step(1, 1), reps),
+    )
+    out.verify_ms = {n: _timed(step(1, n), reps) for n in verify}
+    out.batch_ms = {m: _timed(step(m, 1), reps) for m in batch}
+    return out
+
+
+def report(r: EngineLimits) -> list[str]:
+    lines = [
+        f"{r.dtype}, {r.threads} torch thread(s), {r.context} tokens of context per row",
+        f"  weights read per step   {r.weight_bytes / 2**20:.0f} MiB; GEMV bandwidth {r.bandwidth_gbs:.1f} GB/s "
+        f"-> limit {r.limit_ms:.1f} ms/step",
+        f"  decode step             {r.step_ms:.1f} ms",
+        "  verify                  " + "  ".join(f"{n} tok {ms:.1f} ms ({ms / r.step_ms:.2f}x)" for n, ms in r.verify_ms.items()),
+        "  batch of 1-token rows   " + "  ".join(f"{m} rows {ms:.1f} ms ({ms / r.step_ms:.2f}x)" for m, ms in r.batch_ms.items()),
+    ]
+    for name, (value, target) in r.ratios().items():
+        lines.append(f"  {name:22s}  {value:.2f} (target <= {target:g}: {'met' if value <= target else 'missed'})")
+    return lines
