@@ -83,6 +83,39 @@ def test_a_head_for_another_target_is_refused_by_field():
         eagle3.check_against_target(cfg, SimpleNamespace(num_hidden_layers=16, hidden_size=576, vocab_size=VOCAB_SIZE), "head")
 
 
+def _one_model_loop(engine, prompt: list[int], n: int, k: int) -> tuple[list[int], int, int]:
+    """Each call verifies the previous answer's next_draft_ids and asks for the next k: (tokens, drafted, accepted)."""
+    from trtspec.reference_engine import EngineRequest
+
+    seq, draft, drafted, accepted = list(prompt), [], 0, 0
+    while len(seq) - len(prompt) < n:
+        r = engine.run(EngineRequest(seq, len(draft) + 1, draft_ids=draft or None, next_draft_len=k))
+        drafted, accepted = drafted + len(draft), accepted + r.num_accepted
+        seq, draft = r.tokens, r.next_draft_ids
+        assert draft is not None and len(draft) == k
+    return seq[len(prompt):][:n], drafted, accepted
+
+
+def test_in_engine_drafting_is_exact_and_shares_prefixes(demo_pair):
+    from trtspec.reference_engine import EngineRequest, ReferenceEngine
+
+    engine = ReferenceEngine(demo_pair.target, device="cpu", eagle3_head=EAGLE3_ASSET_DIR, cache_entries=4)
+    with pytest.raises(ValueError, match="next_draft_len"):
+        ReferenceEngine(demo_pair.target, device="cpu").steps(EngineRequest([1, 2, 3], 1, next_draft_len=2))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(demo_pair.target)
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS[:2]]
+    for prompt in prompts:
+        want = engine.run(EngineRequest(prompt, 16)).new_tokens
+        got, drafted, accepted = _one_model_loop(engine, prompt, 16, 3)
+        assert got == want[:16]
+        assert drafted > 0 and accepted > 0
+    # a sequence sharing 8 tokens with one served gets the head's entries 0..6 (entry j reads token j+1), lent
+    head = engine.eagle3.begin(prompts[1][:8] + [7, 7, 7])
+    assert head.length == 7
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from trtspec.repository import generate_repository
