@@ -128,7 +128,7 @@ GROUNDED = [
 @pytest.mark.parametrize("source", ["ngram", "hybrid", "model", "hybrid-adaptive"])
 def test_every_draft_source_is_exact(server, baseline, source):
     """Greedy output equals target-only for every draft source, on chat and input-grounded prompts
-    (hybrid-adaptive: the per-request adaptive policy, which times the sources and skips one that does not pay)."""
+    (hybrid-adaptive: the goodput controller, which picks k and the source every iteration)."""
     source, _, policy = source.partition("-")
     client = _client(server)
     base = _client(server, model="baseline")
@@ -159,6 +159,36 @@ def test_streamed_text_concatenates_to_the_whole_text(server):
         assert streamed.token_ids == whole.token_ids
         assert "".join(c.text for c in streamed.chunks) == whole.text
         assert "\ufffd" not in whole.text
+
+
+def _draft_engine_requests(server) -> int:
+    """Requests Triton's statistics count for the draft model (each draft call is one)."""
+    with urllib.request.urlopen(f"http://{server.endpoints.http_address}/v2/models/tensorrt_llm_draft/stats", timeout=10) as r:
+        stats = json.load(r)["model_stats"]
+    return sum(int(m["inference_stats"]["success"]["count"]) for m in stats)
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_controller_is_exact_and_its_k0_iterations_make_no_draft_call(server, baseline, concurrency):
+    """Under the goodput controller greedy output is target-only's at 1 and 8 in flight, every iteration's draft
+    length is in draft_len_counts, and the draft model is called exactly once per iteration that drafted from it."""
+    client = _client(server)
+    prompts = PROMPTS[:8]
+    before = _draft_engine_requests(server)
+    with ThreadPoolExecutor(concurrency) as pool:
+        gens = list(pool.map(lambda p: client.generate(p, MAX_TOKENS, num_draft_tokens=3, draft_source="model",
+                                                       draft_length_policy="adaptive"), prompts))
+    assert [g.token_ids for g in gens] == baseline[:8]
+    for g in gens:
+        assert sum(g.stats.draft_len_counts) == g.stats.num_iterations
+        assert len(g.stats.draft_len_counts) <= 4  # never past the request's num_draft_tokens
+    assert _draft_engine_requests(server) - before == sum(g.stats.num_drafts for g in gens)
+    assert _metric(server, "trtspec_controller_verify_seconds") > 0  # its estimates, on /metrics
+    # num_draft_tokens 0: served like the baseline, no draft-engine work at all
+    before = _draft_engine_requests(server)
+    g = client.generate(PROMPTS[0], MAX_TOKENS, num_draft_tokens=0, draft_length_policy="adaptive")
+    assert g.token_ids == baseline[0] and g.stats.draft_len_counts == [g.stats.num_iterations]
+    assert _draft_engine_requests(server) == before
 
 
 @pytest.fixture(scope="module")

@@ -164,8 +164,8 @@ def test_controller_starts_at_zero_and_stays_there_when_drafting_costs_more_than
     dep, ctl = Deployment([0.05], draft_per_token=0.010), _controller(probe_every=8)
     ks = _ks(dep, ctl, 200, load=1)
     assert ks[:8] == [0] * 8  # pessimistic: a fresh deployment starts at k = 0
-    assert sum(k > 0 for k in ks) <= 200 // 8 + 1  # only probes, bounded
-    assert max(ks[50:]) == 1  # a probe is one token when acceptance is poor
+    assert sum(k > 0 for k in ks) <= 200 // 8 // 2  # only probes, fewer as they keep failing
+    assert sum(k > 1 for k in ks) <= 3  # a probe is one token when acceptance is poor
 
 
 def test_controller_drafts_longer_as_acceptance_rises():
@@ -272,6 +272,11 @@ def test_ngram_never_beyond_k():
     assert propose(seq, 3, n_max=2) == [3, 4, 5]
     assert len(propose(seq, 1, n_max=2)) == 1
     assert propose(seq, 0) == []
+
+
+def test_ngram_continues_a_loop_past_the_sequences_end():
+    assert propose([5, 1, 2, 1, 2], 5, n_max=2) == [1, 2, 1, 2, 1]  # period 2
+    assert propose([4, 7, 7, 7], 3, n_max=2) == [7, 7, 7]
 
 
 def test_ngram_respects_min_n():

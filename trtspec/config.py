@@ -120,6 +120,8 @@ class SpeculativeConfig(_Strict):
     max_draft_len: Annotated[int, Field(ge=1, le=64)] = 8
     num_draft_tokens: Annotated[int, Field(ge=0, le=64)] = 4
     use_draft_logits: bool = False
+    # fixed: num_draft_tokens every iteration (what measuring one k needs); adaptive: the goodput controller picks
+    # k in 0..num_draft_tokens and the source each iteration (settings: `adaptive`)
     draft_length_policy: Literal[DRAFT_LENGTH_POLICIES] = "fixed"  # type: ignore[valid-type]
     adaptive: AdaptivePolicy = AdaptivePolicy()
     draft_source: Literal[tuple(SELECTIONS)] = "model"  # type: ignore[valid-type]

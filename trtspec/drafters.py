@@ -39,21 +39,28 @@ class NgramDrafter:
 
 
 def propose_ngram(tokens: Sequence[int], k: int, n_max: int = 3, n_min: int = 1) -> list[int]:
-    """Up to k tokens copied from after the latest earlier match of the longest suffix n-gram; [] if none.
+    """k tokens copied from after the latest earlier match of the longest suffix n-gram; [] if none.
 
     Vectorized: it runs every iteration of the loop, and a Python scan of a 1,000-token sequence that finds
-    no match costs about a millisecond, as much as an engine round trip."""
+    no match costs about a millisecond, as much as an engine round trip; one comparison over the sequence finds
+    the candidate ends, then each n checks only those."""
     L = len(tokens)
     if k <= 0 or L < 2:
         return []
     seq = np.asarray(tokens, dtype=np.int64)
+    # every n-gram match ends with the last token: find those ends once (positions before the last token, so
+    # something follows each), then check the tokens before them for each n
+    ends = np.flatnonzero(seq[: L - 1] == seq[L - 1])
     for n in range(min(n_max, L - 1), n_min - 1, -1):
-        # windows that end before the last token, so something follows each match
-        windows = np.lib.stride_tricks.sliding_window_view(seq[: L - 1], n)
-        hits = np.flatnonzero((windows == seq[L - n :]).all(axis=1))
+        hits = ends[ends >= n - 1]
+        for j in range(1, n):
+            hits = hits[seq[hits - j] == seq[L - 1 - j]]
         if hits.size:
-            start = int(hits[-1]) + n
-            return [int(t) for t in seq[start : start + k]]
+            # what followed the match; where that runs into the sequence's end, the text repeats with the
+            # match's period (a loop in the output goes on being a loop), so the proposal is still k long
+            start = int(hits[-1]) + 1
+            period = L - start
+            return [int(seq[start + (j % period)]) for j in range(k)]
     return []
 
 

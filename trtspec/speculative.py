@@ -236,7 +236,9 @@ class GoodputController:
     request's own drafts; the estimate starts pessimistic (acceptance 0 at the first position, each deeper
     position's prior the one before it), so a fresh deployment starts at k = 0. Costs are the loop's own engine
     calls, timed by k and requests in flight. After `probe_every` iterations without drafting from a source, it
-    is tried once (a probe), so acceptance or load that changes brings drafting back."""
+    is tried once (a probe), so acceptance or load that changes brings drafting back; each probe of the draft
+    model that does not bring it back doubles the request's interval, up to 8 * probe_every (the estimates are shared: other
+    requests probe too)."""
 
     def __init__(self, estimates: Estimates, settings: Any):
         """`settings`: trtspec.config.AdaptivePolicy (probe_every, prior_drafts, request_weight, cost_smoothing,
@@ -246,89 +248,116 @@ class GoodputController:
         self.reached = np.zeros((s, MAX_POSITIONS))
         self.accepted = np.zeros((s, MAX_POSITIONS))
         self.since = dict.fromkeys(ESTIMATED_SOURCES, 0)  # iterations since each source last drafted
+        # iterations between probes of a source: doubles with each probe that does not bring it back (up to 8x)
+        self.probe_interval = dict.fromkeys(ESTIMATED_SOURCES, settings.probe_every)
 
     # -------------------------------------------------------------- estimates
 
-    def acceptance(self, source: str, positions: int, optimistic: bool = False) -> np.ndarray:
+    def acceptance(self, source: str, positions: int, optimistic: bool = False) -> list[float]:
         """Conditional acceptance of positions 0..positions-1 (accepted given every earlier one was). `optimistic`
         adds one standard error, so a deeper position measured on a few unlucky drafts is tried again; a position
         with no acceptance seen gets no bonus (the pessimistic start)."""
         si = ESTIMATED_SOURCES.index(source)
-        st, prior = self.settings, 0.0
-        out = np.zeros(positions)
+        st, prior, out = self.settings, 0.0, []
+        shared_acc, shared_seen = self.est.accepted[si, :positions].tolist(), self.est.reached[si, :positions].tolist()
+        own_acc, own_seen = self.accepted[si, :positions].tolist(), self.reached[si, :positions].tolist()
         for i in range(positions):
-            shared = (self.est.accepted[si, i] + st.prior_drafts * prior) / (self.est.reached[si, i] + st.prior_drafts)
-            out[i] = (self.accepted[si, i] + st.request_weight * shared) / (self.reached[si, i] + st.request_weight)
-            prior = out[i]
+            shared = (shared_acc[i] + st.prior_drafts * prior) / (shared_seen[i] + st.prior_drafts)
+            a = (own_acc[i] + st.request_weight * shared) / (own_seen[i] + st.request_weight)
+            prior = a
             if optimistic:
-                seen = self.est.reached[si, i] + self.reached[si, i]
-                out[i] = min(1.0, out[i] + np.sqrt(out[i] * (1 - out[i]) / (seen + 1)))
+                a = min(1.0, a + (a * (1 - a) / (shared_seen[i] + own_seen[i] + 1)) ** 0.5)
+            out.append(a)
         return out
 
     def expected_accepted(self, source: str, k: int, optimistic: bool = False) -> float:
-        return float(np.cumprod(self.acceptance(source, k, optimistic)).sum()) if k > 0 else 0.0
+        """Expected accepted tokens of a k-token draft: the sum over positions of the chance all up to it pass."""
+        total, p = 0.0, 1.0
+        for a in self.acceptance(source, k, optimistic):
+            p *= a
+            total += p
+        return total
 
     @staticmethod
-    def _cell(means: np.ndarray, counts: np.ndarray, k: int, n: int, proportional: bool) -> float | None:
-        """The mean cost of k at load n; unmeasured: from the nearest measured load, and across k linearly between
-        (or beyond) the two nearest measured k there (one measured k: the same cost, or in proportion to k)."""
-        loads = np.flatnonzero(counts.any(axis=0))
-        if loads.size == 0:
-            return None
-        n = int(loads[np.argmin(np.abs(loads - n))])
-        if counts[k, n]:
-            return float(means[k, n])
-        ks = np.flatnonzero(counts[:, n])
-        ks = ks[np.argsort(np.abs(ks - k), kind="stable")][:2]
-        if ks.size == 1:
-            k0 = int(ks[0])
-            return float(means[k0, n] * k / k0) if proportional and k0 else float(means[k0, n])
-        (k0, k1), (c0, c1) = ks, means[ks, n]
-        return float(max(c0 + (c1 - c0) * (k - k0) / (k1 - k0), 0.0))
+    def _curve(means: np.ndarray, counts: np.ndarray, n: int, kmax: int, proportional: bool) -> list[float] | None:
+        """Mean costs of k = 0..kmax at load n. Unmeasured: from the nearest measured load, and across k linearly
+        between (or beyond) the two nearest measured k there (one measured k: the same cost, or in proportion to
+        k); None when nothing is measured."""
+        if not counts[:, n].any():
+            loads = np.flatnonzero(counts.any(axis=0))
+            if loads.size == 0:
+                return None
+            n = int(loads[np.argmin(np.abs(loads - n))])
+        col, measured = means[:, n].tolist(), counts[:, n].tolist()
+        seen = [k for k, c in enumerate(measured) if c]
+        out = []
+        for k in range(kmax + 1):
+            if measured[k]:
+                out.append(col[k])
+                continue
+            k0, k1 = sorted(seen, key=lambda m: abs(m - k))[:2] if len(seen) > 1 else (seen[0], None)
+            if k1 is None:
+                out.append(col[k0] * k / k0 if proportional and k0 else col[k0])
+            else:
+                out.append(max(col[k0] + (col[k1] - col[k0]) * (k - k0) / (k1 - k0), 0.0))
+        return out
 
     def verify_cost(self, k: int, load: int) -> float | None:
-        return self._cell(self.est.verify_s, self.est.verify_n, k, load_key(load), proportional=False)
+        curve = self._curve(self.est.verify_s, self.est.verify_n, load_key(load), k, proportional=False)
+        return None if curve is None else curve[k]
 
-    def draft_cost(self, source: str, k: int, load: int, missed: int = 0) -> float | None:
-        """Seconds to draft k tokens; `missed`: tokens the draft model has not seen yet (beyond the usual 2)."""
-        if k == 0 or not SOURCES[source].needs_draft_model:
-            return 0.0  # prompt lookup runs in the loop's process: no engine step
+    def draft_costs(self, kmax: int, load: int, missed: int = 0) -> list[float] | None:
+        """Seconds of a draft-model call for k = 0..kmax; `missed`: tokens the draft model has not seen yet (beyond
+        the usual 2, it prefills them first)."""
         n = load_key(load)
-        step = self._cell(self.est.draft_s, self.est.draft_n, k, n, proportional=True)
-        if step is None:
+        curve = self._curve(self.est.draft_s, self.est.draft_n, n, kmax, proportional=True)
+        if curve is None:
             return None
         measured = np.flatnonzero(self.est.catchup_n)
         per_token = float(self.est.catchup_s[measured[np.argmin(np.abs(measured - n))]]) if measured.size else 0.0
-        return step + per_token * max(0, missed - 2)
+        return [0.0] + [c + per_token * max(0, missed - 2) for c in curve[1:]]
 
-    def value(self, source: str | None, k: int, load: int, missed: int = 0) -> float | None:
-        """Expected tokens per second of one iteration (acceptance optimistic by its standard error); None while a
-        cost is unmeasured."""
-        verify = self.verify_cost(k if source else 0, load)
-        draft = self.draft_cost(source, k, load, missed) if source else 0.0
-        if verify is None or draft is None:
-            return None
-        accepted = self.expected_accepted(source, k, optimistic=True) if source else 0.0
-        return (1.0 + accepted) / max(verify + draft, 1e-9)
+    def draft_cost(self, source: str, k: int, load: int, missed: int = 0) -> float | None:
+        if k == 0 or not SOURCES[source].needs_draft_model:
+            return 0.0  # prompt lookup runs in the loop's process: no engine step
+        costs = self.draft_costs(k, load, missed)
+        return None if costs is None else costs[k]
 
     # -------------------------------------------------------------- the decision
 
     def choose(self, load: int, candidates: Mapping[str, int], missed: int = 0) -> Choice:
         """`candidates`: source -> the most tokens it may propose now (for prompt lookup: its match's length);
-        `missed`: tokens the draft model would catch up on. Sources in asking order (the first wins a tie)."""
-        plain = self.value(None, 0, load)
-        if plain is None:
+        `missed`: tokens the draft model would catch up on. Sources in asking order (the first wins a tie).
+        Each candidate's value is its expected tokens per second, acceptance optimistic by its standard error."""
+        kmax = max(candidates.values(), default=0)
+        verify = self._curve(self.est.verify_s, self.est.verify_n, load_key(load), kmax, proportional=False)
+        if verify is None:
             return Choice(None, 0)  # measure a plain step first
-        best, best_value = Choice(None, 0), plain
+        best, best_value = Choice(None, 0), 1.0 / max(verify[0], 1e-9)
+        draft: list[float] | None = None
         for source, cap in candidates.items():
-            for k in range(1, cap + 1):
-                v = self.value(source, k, load, missed)
-                if v is not None and v > best_value:
-                    best, best_value = Choice(source, k), v
+            if cap <= 0:
+                continue
+            if SOURCES[source].needs_draft_model:
+                draft = draft or self.draft_costs(kmax, load, missed)
+                if draft is None:
+                    continue  # unmeasured: a probe measures it
+            expected, p = 0.0, 1.0
+            for k, a in enumerate(self.acceptance(source, cap, optimistic=True), start=1):
+                p *= a
+                expected += p
+                cost = verify[k] + (draft[k] if SOURCES[source].needs_draft_model else 0.0)
+                value = (1.0 + expected) / max(cost, 1e-9)
+                if value > best_value:
+                    best, best_value = Choice(source, k), value
+        if best.source is not None:
+            self.probe_interval[best.source] = self.settings.probe_every
         for source, cap in candidates.items():
-            if source != best.source and cap > 0 and self.since[source] >= self.settings.probe_every:
-                good = self.acceptance(source, cap) >= 0.5
-                depth = int(np.argmin(good)) if not good.all() else cap
+            if source != best.source and cap > 0 and self.since[source] >= self.probe_interval[source]:
+                if SOURCES[source].needs_draft_model:  # prompt lookup's probes cost a verify row, no engine step
+                    self.probe_interval[source] = min(2 * self.probe_interval[source], 8 * self.settings.probe_every)
+                good = [a >= 0.5 for a in self.acceptance(source, cap)]
+                depth = good.index(False) if not all(good) else cap
                 return Choice(source, max(1, min(cap, depth + 1)), probe=True)
         return best
 
@@ -365,9 +394,9 @@ class GoodputController:
             if missed <= 2:
                 _mean_update(est.draft_s, est.draft_n, (proposed, n), draft_s, st.cost_smoothing)
             else:
-                step = self._cell(est.draft_s, est.draft_n, proposed, n, proportional=True)
-                if step is not None:
-                    per_token = max(draft_s - step, 0.0) / (missed - 2)
+                steps = self._curve(est.draft_s, est.draft_n, n, proposed, proportional=True)
+                if steps is not None:
+                    per_token = max(draft_s - steps[proposed], 0.0) / (missed - 2)
                     _mean_update(est.catchup_s, est.catchup_n, (n,), per_token, st.cost_smoothing)
 
 
