@@ -324,9 +324,14 @@ def test_llmapi_build_refuses_an_installed_version_without_field_lists(tmp_path)
     from trtspec.machine import Machine
     from trtspec.pipeline.preflight import PreflightResult, _check_llmapi_software
 
+    cfg = _cfg()
     r = PreflightResult()
-    _check_llmapi_software(Machine(tensorrt_llm_version="0.9.0"), r)
+    _check_llmapi_software(cfg, Machine(tensorrt_llm_version="0.9.0"), r)
     assert [f.code for f in r.findings] == ["trtllm-version-unsupported"] and "engine: llmapi" in r.findings[0].message
     r = PreflightResult()
-    _check_llmapi_software(Machine(tensorrt_llm_version=None), r)
+    _check_llmapi_software(cfg, Machine(tensorrt_llm_version=None), r)
     assert [f.code for f in r.findings] == ["tensorrt-llm-missing"]
+    # model.yaml is spelled for the pinned release: another installed layout is refused by name
+    r = PreflightResult()
+    _check_llmapi_software(load_config(ROOT / "build_configs" / GPU_EXAMPLES[0], check_paths=False), Machine(tensorrt_llm_version="1.1.0"), r)
+    assert [f.code for f in r.findings] == ["trtllm-version-mismatch"] and "tensorrt_llm_version: 1.2.1" in r.findings[0].message

@@ -161,6 +161,9 @@ def test_eagle3_spelling_per_version(tag, tmp_path: Path):
     if "eagle3_layers_to_capture" not in f["decoding_types"]["eagle3"]["fields"]:
         with pytest.raises(model_yaml.ModelYamlError, match="eagle3_layers_to_capture: the head pins capture layers"):
             model_yaml.speculative_config(cfg, head, tag)
+        # pinned layers that are the release's default for this target need no field
+        target = _target(tmp_path / "target", layers=8)  # default {1, 3, 4}
+        assert "eagle3_layers_to_capture" not in model_yaml.speculative_config(cfg, head, tag, target)
         return
     sc = model_yaml.speculative_config(cfg, head, tag)
     assert sc["decoding_type"] == "Eagle" and sc[f["speculative_model_field"]] == str(head)
@@ -336,3 +339,25 @@ def test_mtp_target_checks(target: Path, tmp_path: Path):
 def test_supported_versions_are_the_recorded_releases():
     assert supported_versions() == ["1.0", "1.1", "1.2"]
     assert version_fields("1.2.1")["tags"] == ["1.2.0", "1.2.1"]
+
+
+# ------------------------------------------------------------------------------------------ acceptance
+
+
+def test_zero_engine_acceptance_is_derived_from_tokens_and_steps_and_marked():
+    from trtspec.llmapi import serving, standin
+
+    def output(tokens, first, last, proposed=0, accepted=0):
+        sd = standin.SpeculativeDecodingMetrics(0.0, accepted, proposed)
+        return standin.CompletionOutput(token_ids=list(range(tokens)),
+                                        request_perf_metrics=standin.RequestPerfMetrics(first, last, last, sd))
+
+    # the PyTorch path's zeros: 10 tokens in 4 steps (1 context + 3 generation steps) at max_draft_len 3
+    st = serving.stats_of(output(10, 5, 8), max_draft_len=3)
+    assert (st.total_accepted_draft_tokens, st.total_draft_tokens, st.acceptance_derived) == (6, 9, 1)
+    assert serving.response_tensors("x", [1], st)["acceptance_derived"].tolist() == [[1]]
+    # figures the engine reported are kept as they are
+    st = serving.stats_of(output(10, 5, 8, proposed=9, accepted=6), max_draft_len=3)
+    assert (st.total_accepted_draft_tokens, st.acceptance_derived) == (6, 0)
+    # no speculation (as many tokens as steps) stays zero, not derived
+    assert serving.stats_of(output(4, 5, 8), max_draft_len=3).acceptance_derived == 0

@@ -28,7 +28,11 @@ HELP = """Check CONFIG's model pair and this machine, without building anything.
 Reports
   the pair     per model: architecture, parameters, dtype, vocab size (config and
                tokenizer), tokenizer fingerprint; draft and target must share one
-               vocabulary and tokenizer, and the draft should be < 1/3 of the target
+               vocabulary and tokenizer, and the draft should be < 1/3 of the target;
+               an EAGLE-3 head (speculative.method: eagle3) is checked against the
+               target instead: architecture, vocab and draft_vocab_size, hidden size,
+               d2t range, capture layers inside the target's depth; for method: mtp,
+               the target's MTP layers and architecture
   the machine  GPUs via NVML (name, compute capability, memory; "no NVIDIA driver" is a
                normal answer), tritonserver, trtllm-build, TensorRT-LLM and TensorRT
   preflight    everything `trtspec build` would refuse, each with its fix: vocab or

@@ -210,6 +210,9 @@ RESPONSE_STATS: tuple[Stat, ...] = (
     Stat("load_paused_iterations", "INT32", "iterations run without a draft because of the requests in flight "
          "(more than speculative.max_concurrency, or a draft_len_schedule entry of 0)",
          counter="spec_decode_num_load_paused_iterations"),
+    Stat("acceptance_derived", "INT32", "1: the engine reported no acceptance (TensorRT-LLM's PyTorch path before mid-2026) "
+         "and trtspec derived it from tokens and target steps (accepted = tokens - steps; proposed = generation steps x "
+         "max_draft_len, an upper bound)", counter="spec_decode_num_derived_acceptance_requests"),
     Stat("accepted_per_position", "INT32", "accepted draft tokens by position in the draft", vector=True,
          counter="spec_decode_num_accepted_tokens_per_pos", label="position"),
     Stat("proposed_per_position", "INT32", "proposed draft tokens by position in the draft", vector=True,

@@ -10,7 +10,7 @@ from typing import Any
 
 from trtspec.pipeline.preflight import plan_max_num_tokens
 from trtspec.config import BuildConfig, LlmapiConfig
-from trtspec.checkpoint import eagle3_capture_layers, inspect_checkpoint
+from trtspec.checkpoint import default_capture_layers, eagle3_capture_layers, inspect_checkpoint
 from trtspec.llmapi.fields import pinned_version, version_fields
 from trtspec.methods import METHODS
 
@@ -39,7 +39,9 @@ def _canonical_schedule(cfg: BuildConfig) -> dict[int, int] | None:
     return cfg.speculative.draft_len_schedule or lim.draft_len_schedule
 
 
-def speculative_config(cfg: BuildConfig, draft_dir: Path | None, version: str | None = None) -> dict[str, Any]:
+def speculative_config(
+    cfg: BuildConfig, draft_dir: Path | None, version: str | None = None, target_dir: Path | None = None
+) -> dict[str, Any]:
     """speculative_config spelled as TensorRT-LLM `version` parses it (DecodingBaseConfig.from_dict)."""
     spec, lim = cfg.speculative, cfg.llmapi or LlmapiConfig()
     f = version_fields(version)
@@ -58,11 +60,16 @@ def speculative_config(cfg: BuildConfig, draft_dir: Path | None, version: str | 
         out[kind["draft_len_field"]] = spec.max_draft_len
     if method == "eagle3" and draft_dir is not None and (Path(draft_dir) / "config.json").is_file():
         layers = eagle3_capture_layers(inspect_checkpoint(draft_dir))
+        if layers is not None and "eagle3_layers_to_capture" not in kind["fields"]:
+            target = inspect_checkpoint(target_dir) if target_dir and (Path(target_dir) / "config.json").is_file() else None
+            if target is not None and target.num_layers and layers == default_capture_layers(target.num_layers):
+                layers = None  # the release captures these by default
         if layers is not None:
             if "eagle3_layers_to_capture" not in kind["fields"]:
                 raise ModelYamlError(
                     f"speculative_config.eagle3_layers_to_capture: the head pins capture layers {layers} but TensorRT-LLM "
-                    f"{v} has no eagle3_layers_to_capture (it captures its default layers); pin TensorRT-LLM 1.1 or later"
+                    f"{v} has no eagle3_layers_to_capture (it captures {{1, L//2-1, L-4}} of the target's L layers); pin "
+                    "TensorRT-LLM 1.1 or later"
                 )
             out["eagle3_layers_to_capture"] = layers
     if lim.max_concurrency is not None:
@@ -118,7 +125,7 @@ def generate(
         "triton_config": {"max_batch_size": cfg.limits.max_batch_size, "decoupled": True},
     }
     if speculative:
-        doc["speculative_config"] = speculative_config(cfg, draft_dir, version)
+        doc["speculative_config"] = speculative_config(cfg, draft_dir, version, target_dir)
         doc["disable_overlap_scheduler"] = lim.disable_overlap_scheduler
     validate(doc, version)
     return doc

@@ -11,6 +11,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from trtspec.config import BuildConfig, LlmapiConfig, checkpoint_path
 from trtspec.llmapi import model_yaml
+from trtspec.methods import METHODS
 
 MODEL_PY = Path(__file__).resolve().parent.parent / "model_repository" / "llmapi" / "1" / "model.py"
 
@@ -36,7 +37,7 @@ def model_yamls(cfg: BuildConfig, draft_dir: Path | None = None, version: str | 
     from trtspec.repository import BASELINE, ENSEMBLE
 
     target = checkpoint_path(cfg, "target").resolve()
-    if draft_dir is None and cfg.draft is not None and cfg.speculative.draft_source == "model":
+    if draft_dir is None and cfg.draft is not None and METHODS[cfg.speculative.method].draft is not None:
         draft_dir = checkpoint_path(cfg, "draft").resolve()
     out = {ENSEMBLE: model_yaml.generate(cfg, target, draft_dir, version=version, kv_fraction=kv_fraction)}
     if (cfg.llmapi or LlmapiConfig()).baseline_endpoint:

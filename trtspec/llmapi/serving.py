@@ -18,7 +18,8 @@ from trtspec.contract import REQUEST_FIELDS, RequestError
 from trtspec.metrics import SpecStats
 
 # the statistics TensorRT-LLM reports per request (trtspec.contract names); the others have no source there
-REPORTED_STATS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_iterations")
+REPORTED_STATS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_iterations",
+                  "acceptance_derived")
 
 Getter = Callable[[str], Any]  # (input name) -> python scalar, list of str, or None
 
@@ -85,8 +86,10 @@ def parse(get: Getter, default_draft_len: int) -> ParsedRequest:
     return ParsedRequest(str(text), bool(get("stream")), sampling)
 
 
-def stats_of(output: Any) -> SpecStats:
-    """trtspec's counters from one CompletionOutput's TensorRT-LLM perf metrics."""
+def stats_of(output: Any, max_draft_len: int = 0) -> SpecStats:
+    """trtspec's counters from one CompletionOutput's TensorRT-LLM perf metrics. Where the engine reports no
+    acceptance but produced more tokens than it ran steps (TensorRT-LLM's PyTorch path returned zeros for every
+    speculative mode until PR #17082, mid-2026), they are derived from tokens and steps and marked so."""
     st = SpecStats()
     pm = getattr(output, "request_perf_metrics", None)
     if pm is None:
@@ -95,6 +98,12 @@ def stats_of(output: Any) -> SpecStats:
     st.total_draft_tokens = int(sd.total_draft_tokens)
     st.total_accepted_draft_tokens = int(sd.total_accepted_draft_tokens)
     st.num_iterations = int(pm.last_iter) - int(pm.first_iter) + 1
+    tokens = len(getattr(output, "token_ids", None) or [])
+    if st.total_draft_tokens == 0 and max_draft_len > 0 and tokens > st.num_iterations:
+        # every step yields one token of its own plus the drafts it accepted; the context step drafts nothing
+        st.total_accepted_draft_tokens = tokens - st.num_iterations
+        st.total_draft_tokens = max(st.total_accepted_draft_tokens, (st.num_iterations - 1) * max_draft_len)
+        st.acceptance_derived = 1
     return st
 
 

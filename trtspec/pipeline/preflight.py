@@ -283,7 +283,7 @@ def run_preflight(
     if cfg.engine is EngineKind.tensorrt_llm:
         _check_software(cfg, machine, trtllm_version, r)
     elif cfg.engine is EngineKind.llmapi and machine.software_checked:
-        _check_llmapi_software(machine, r)
+        _check_llmapi_software(cfg, machine, r)
     n = len(machine.gpus)
     r.placement = plan_placement(cfg, n)
     if not machine.gpus:
@@ -413,10 +413,19 @@ def _check_software(cfg: BuildConfig, machine: Machine, trtllm_version: str | No
         r.notes.append("TensorRT-LLM version unknown: assuming a 1.x layout (set tensorrt_llm_version to pin it)")
 
 
-def _check_llmapi_software(machine: Machine, r: PreflightResult) -> None:
+def _check_llmapi_software(cfg: BuildConfig, machine: Machine, r: PreflightResult) -> None:
     from trtspec.llmapi.fields import supported_versions, version_fields
 
     installed = machine.tensorrt_llm_version
+    pinned = cfg.tensorrt_llm_version
+    if installed and pinned and _layout(pinned) != _layout(installed):
+        r.add(
+            "error",
+            "trtllm-version-mismatch",
+            f"tensorrt_llm_version: {pinned} in the config but TensorRT-LLM {installed} is installed: model.yaml is "
+            f"spelled for {pinned}'s llm_args.py, which parses speculative_config differently (docs/llmapi-versions.md). "
+            f"Set tensorrt_llm_version: \"{installed}\" or use a container with {pinned}.",
+        )
     if installed is None:
         r.add(
             "error",
@@ -435,6 +444,10 @@ def _check_llmapi_software(machine: Machine, r: PreflightResult) -> None:
             f"{', '.join(supported_versions())} (its LLM() and speculative_config fields): use a container with "
             + ("that version" if not ENGINE_FLOW_RANGE.contains(installed) else "that version, or engine: tensorrt_llm (this version has the engine flow)"),
         )
+
+
+def _layout(version: str) -> str:
+    return ".".join(version.split(".")[:2])
 
 
 def _check_gpu_counts(cfg: BuildConfig, machine: Machine, r: PreflightResult) -> None:

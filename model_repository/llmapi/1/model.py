@@ -67,10 +67,10 @@ class TritonPythonModel:
                     result.abort()
                     break
                 if parsed.streaming and output.token_ids_diff and not result.finished:
-                    sender.send(self._response(output.text_diff, output.token_ids_diff, serving.stats_of(output)))
+                    sender.send(self._response(output.text_diff, output.token_ids_diff, serving.stats_of(output, self.max_draft_len)))
             if output is None:
                 raise RuntimeError("the LLM produced no output")
-            stats = serving.stats_of(output)
+            stats = serving.stats_of(output, self.max_draft_len)
             self.metrics.record(stats, len(output.token_ids))  # before the final response: scrapes see it
             if sender.is_cancelled():
                 sender.send(flags=_FINAL)
