@@ -26,6 +26,9 @@ GPU_EXAMPLES = {
     # llmapi: the draft runs inside the target's LLM, on the target's GPUs
     "llama-3.1-8b_llama-3.2-1b_h100_llmapi.yaml": ("h100x8", 1, "NVIDIA-H100-80GB-HBM3"),
     "llama-3.1-70b_llama-3.2-1b_h200_fp8_llmapi.yaml": ("h200x8", 4, "NVIDIA-H200"),
+    # EAGLE-3 head and MTP layers draft inside the target's forward
+    "llama-3.1-8b_eagle3_h100_llmapi.yaml": ("h100x8", 1, "NVIDIA-H100-80GB-HBM3"),
+    "deepseek-v3_mtp_h200_llmapi.yaml": ("h200x8", 8, "NVIDIA-H200"),
 }
 
 

@@ -42,19 +42,23 @@ def propose_ngram(tokens: Sequence[int], k: int, n_max: int = 3, n_min: int = 1)
     """k tokens copied from after the latest earlier match of the longest suffix n-gram; [] if none.
 
     Vectorized: it runs every iteration of the loop, and a Python scan of a 1,000-token sequence that finds
-    no match costs about a millisecond, as much as an engine round trip."""
+    no match costs about a millisecond, as much as an engine round trip; one comparison over the sequence finds
+    the candidate ends, then each n checks only those."""
     L = len(tokens)
     if k <= 0 or L < 2:
         return []
     seq = np.asarray(tokens, dtype=np.int64)
+    # every n-gram match ends with the last token: find those ends once (positions before the last token, so
+    # something follows each), then check the tokens before them for each n
+    ends = np.flatnonzero(seq[: L - 1] == seq[L - 1])
     for n in range(min(n_max, L - 1), n_min - 1, -1):
-        # windows that end before the last token, so something follows each match
-        windows = np.lib.stride_tricks.sliding_window_view(seq[: L - 1], n)
-        hits = np.flatnonzero((windows == seq[L - n :]).all(axis=1))
+        hits = ends[ends >= n - 1]
+        for j in range(1, n):
+            hits = hits[seq[hits - j] == seq[L - 1 - j]]
         if hits.size:
             # what followed the match; where that runs into the sequence's end, the text repeats with the
             # match's period (a loop in the output goes on being a loop), so the proposal is still k long
-            start = int(hits[-1]) + n
+            start = int(hits[-1]) + 1
             period = L - start
             return [int(seq[start + (j % period)]) for j in range(k)]
     return []
@@ -70,6 +74,22 @@ class EngineDrafter:
         return self._draft(seq, k, want_logits)
 
 
+class TargetDrafter:
+    """The target engine's own drafter (EAGLE-3 in the engine, as TensorRT-LLM's one-model path): each target
+    answer carries the draft for the next call (`next_draft_ids`), so proposing costs no call."""
+
+    def __init__(self) -> None:
+        self.next: list[int] = []
+
+    def propose(self, seq: Sequence[int], k: int, want_logits: bool = False) -> Proposal:
+        return Proposal(self.next[:k])
+
+
+def drafts_in_target(settings: Any) -> bool:
+    """The deployment's "model" drafter lives in the target engine (speculative.method eagle3)."""
+    return getattr(settings.speculative, "method", None) == "eagle3"
+
+
 @dataclass(frozen=True)
 class DraftSource:
     name: str
@@ -81,7 +101,13 @@ class DraftSource:
 
 
 SOURCES: dict[str, DraftSource] = {
-    "model": DraftSource("model", "the draft model", True, lambda settings, call: EngineDrafter(call), gives_logits=True),
+    "model": DraftSource(
+        "model",
+        "the deployment's drafter: the draft model, or the target engine's EAGLE-3 head",
+        True,
+        lambda settings, call: TargetDrafter() if drafts_in_target(settings) else EngineDrafter(call),
+        gives_logits=True,
+    ),
     "ngram": DraftSource(
         "ngram",
         "prompt lookup in the running sequence, in the loop's process",

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trtspec.config import SpeculativeConfig
 from trtspec.contract import REQUEST_FIELDS, RequestError
-from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal
+from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target
 from trtspec.metrics import SpecStats
 from trtspec.speculative import Estimates, GoodputController, draft_len_at_load, find_stop, fixed_draft_len
 from trtspec.triton_io import to_words_list
@@ -111,7 +111,7 @@ def validate(req: LoopRequest, settings: LoopSettings) -> None:
             "(the target engine was built for at most max_draft_len draft tokens)"
         )
     source = req.draft_source or settings.speculative.draft_source
-    if not settings.draft_disabled and settings.draft_model is None and any(
+    if not settings.draft_disabled and settings.draft_model is None and not drafts_in_target(settings) and any(
         SOURCES[s].needs_draft_model for s in SELECTIONS[source]
     ):
         raise RequestError(
@@ -196,11 +196,13 @@ class SpeculativeLoop:
         return draft
 
     def _verify(
-        self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray], min_tokens: int, log_probs: bool = False
+        self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray], min_tokens: int, log_probs: bool = False,
+        in_target: TargetDrafter | None = None, next_k: int = 0,
     ) -> tuple[list[int], list[float] | None]:
         """The target's new tokens, and with `log_probs` its log-probability of each (TensorRT-LLM's output_log_probs).
         `common`: the request's sampling and stop-word tensors, built once per request; `min_tokens`: how many
-        more tokens the request must generate before the end token may come (each call is a new engine request)."""
+        more tokens the request must generate before the end token may come (each call is a new engine request);
+        `in_target`: the drafter that takes the target's draft for the next call (next_k tokens) from this answer."""
         tensors = dict(common)
         tensors.update(
             input_ids=np.array([seq], dtype=np.int32),
@@ -217,7 +219,12 @@ class SpeculativeLoop:
         if log_probs:
             tensors["return_log_probs"] = np.array([[True]])
             wanted.append("output_log_probs")
+        if in_target is not None and next_k:
+            tensors["next_draft_len"] = _i32(next_k)
+            wanted.append("next_draft_ids")
         out = self.call(self.settings.target_model, tensors, wanted)
+        if in_target is not None:
+            in_target.next = [int(x) for x in np.asarray(out.get("next_draft_ids", [])).reshape(-1)]
         new = self._new_tokens(out, len(seq))
         if not log_probs:
             return new, None
@@ -235,7 +242,7 @@ class SpeculativeLoop:
         return [
             (name, SOURCES[name].make(self.settings, call))
             for name in SELECTIONS[selection]
-            if self.settings.draft_model is not None or not SOURCES[name].needs_draft_model
+            if self.settings.draft_model is not None or not SOURCES[name].needs_draft_model or drafts_in_target(self.settings)
         ]
 
     def run(self, req: LoopRequest) -> Iterator[Step]:
@@ -246,6 +253,7 @@ class SpeculativeLoop:
         common = self._sampling_tensors(req)
         verify_common = dict(common, stop_words_list=to_words_list(req.stop_words)) if req.stop_words else common
         drafters = self._drafters(req.draft_source or spec.draft_source, common)
+        in_target = next((d for _, d in drafters if isinstance(d, TargetDrafter)), None)
         adaptive = (req.draft_length_policy or spec.draft_length_policy) == "adaptive"
         controller = GoodputController(self.estimates, spec.adaptive)
         stats = SpecStats()
@@ -300,7 +308,8 @@ class SpeculativeLoop:
             stats.load_paused_iterations += bool(lookup_only and k and not draft)  # the model would have drafted
             t0 = time.perf_counter()
             new, log_probs = self._verify(
-                seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), bool(req.return_log_probs)
+                seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), bool(req.return_log_probs),
+                in_target, k_req,
             )
             verify_s = time.perf_counter() - t0
             accepted = 0

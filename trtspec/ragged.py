@@ -28,6 +28,7 @@ class Segment:
     start: int
     logit_rows: int = 0  # logits wanted for the last this-many tokens
     logits: torch.Tensor | None = field(default=None, repr=False)
+    features: torch.Tensor | None = field(default=None, repr=False)  # EAGLE-3 capture-layer outputs of its rows
 
 
 class RaggedBatch:

@@ -25,6 +25,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trtspec.config import BuildConfig, EngineKind, checkpoint_path
+from trtspec.drafters import drafts_in_target
+from trtspec.reference_engine.tensor_io import NEXT_DRAFT_IDS, NEXT_DRAFT_LEN
 from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_STATS, nvidia
 from trtspec.loop import LoopSettings
 from trtspec.pipeline.preflight import plan_max_num_tokens
@@ -226,6 +228,10 @@ def _engine_config(
             use_draft_vocab=role == "draft",  # a draft checkpoint's draft_vocab.json, if it has one
             exclude_input_in_output=False,  # the loop reads the whole sequence back, as NVIDIA's BLS does
         )
+        if role == "target" and drafts_in_target(cfg):
+            _set_params(config, eagle3_head=checkpoint_path(cfg, "draft").resolve())
+            _add_tensor(config.input, NEXT_DRAFT_LEN, "INT32", (1,), optional=True)
+            _add_tensor(config.output, NEXT_DRAFT_IDS, "INT32", (-1,))
         return config
     if engine_dir is None:
         raise RepositoryError(f"{name}: the tensorrt_llm flavour needs the {role} engine directory")
@@ -287,7 +293,8 @@ def _write_models(
     draft_engine_dir: Path | None,
 ) -> None:
     spec = cfg.speculative
-    uses_model = cfg.draft is not None and spec.draft_source in ("model", "hybrid")
+    # an EAGLE-3 head drafts inside the target engine: no tensorrt_llm_draft model
+    uses_model = cfg.draft is not None and spec.draft_source in ("model", "hybrid") and not drafts_in_target(cfg)
     w = _Writer(cfg, partial)
     tokenizer_dir = checkpoint_path(cfg, "target").resolve()
 

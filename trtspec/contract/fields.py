@@ -105,7 +105,8 @@ def _choice(name: str, choices: tuple[str, ...], doc: str) -> RequestField:
 REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField("text_input", "STRING", "the prompt", required=True),
     RequestField("max_tokens", "INT32", "tokens to generate at most", required=True, check=_at_least(1)),
-    RequestField("num_draft_tokens", "INT32", "draft length k (default: the deployment's; 0: no drafting)",
+    RequestField("num_draft_tokens", "INT32", "draft length k (default: the deployment's; 0: no drafting); "
+                 "with draft_length_policy adaptive the most the controller may pick",
                  loop_input="num_draft_tokens", check=_at_least(0)),
     RequestField("use_draft_logits", "BOOL", "rejection sampling against the draft's distribution",
                  loop_input="use_draft_logits"),

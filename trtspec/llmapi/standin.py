@@ -215,7 +215,7 @@ class _Requests:
 
 
 # speculative method -> the loop's draft source (None: no speculation)
-STANDIN_SOURCES: dict[str | None, str | None] = {None: None, "draft_model": "model", "ngram": "ngram"}
+STANDIN_SOURCES: dict[str | None, str | None] = {None: None, "draft_model": "model", "ngram": "ngram", "eagle3": "model"}
 
 
 class LLM:
@@ -251,9 +251,11 @@ class LLM:
 
         batch = int(kwargs.get("max_batch_size") or 8)
         limits = {"max_batch_size": batch, "max_num_tokens": int(kwargs.get("max_num_tokens") or 8192)}
-        engines = {TARGET: BatchScheduler(ReferenceEngine(model, dtype="float32", cache_entries=2 * batch), **limits)}
         draft = spec.get("speculative_model") or spec.get("speculative_model_dir")
-        if self.source == "model":
+        # EAGLE-3: the head drafts inside the target engine (TensorRT-LLM's one-model path), no draft engine
+        head = draft if method == "eagle3" else None
+        engines = {TARGET: BatchScheduler(ReferenceEngine(model, dtype="float32", cache_entries=2 * batch, eagle3_head=head), **limits)}
+        if method == "draft_model":
             engines[DRAFT] = BatchScheduler(ReferenceEngine(draft, dtype="float32", cache_entries=2 * batch, salt=1, use_draft_vocab=True), **limits)
         self.engines = engines
         # TensorRT-LLM's NGram drafter has no minimum n-gram size: n goes down to 1
@@ -262,13 +264,14 @@ class LLM:
             speculative=SpeculativeConfig(
                 max_draft_len=max(1, self.max_draft_len),
                 num_draft_tokens=self.max_draft_len,
+                method="eagle3" if method == "eagle3" else None,
                 draft_source=self.source or "model",
                 ngram_max=ngram_max,
                 ngram_min=1,
             ),
             max_input_len=int(kwargs.get("max_seq_len") or 1 << 30),
             target_model=TARGET,
-            draft_model=DRAFT if self.source == "model" else None,
+            draft_model=DRAFT if method == "draft_model" else None,
             draft_disabled=self.source is None,
         )
         self.loop = SpeculativeLoop(settings, _EngineCall(engines))

@@ -16,6 +16,7 @@ import torch
 from trtspec.ragged import ATTENTION, RaggedBatch, Segment, register as register_attention
 from trtspec.reference_engine.device import _DTYPES, choose_precision, pick_device, tune_for_cpu
 from trtspec.reference_engine.draft_vocab import draft_head, load_draft_vocab
+from trtspec.reference_engine.eagle3 import InEngineDrafter
 from trtspec.reference_engine.prefix_cache import PrefixCache, cache_nbytes
 from trtspec.reference_engine.request import EngineRequest, EngineResult, Steps
 from trtspec.speculative import (
@@ -41,7 +42,8 @@ def plain_lm_head(model: torch.nn.Module) -> torch.Tensor | None:
     plain = isinstance(head, torch.nn.Linear) and head.bias is None and not any(
         getattr(config, a, None) not in (None, 1.0) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")
     )
-    return head.weight.detach() if plain else None
+    # a column-major head (tune_for_cpu transposes the tied embedding) makes this mm ~10x slower for a 4-row verify
+    return head.weight.detach() if plain and head.weight.is_contiguous() else None
 
 
 class ReferenceEngine:
@@ -55,6 +57,7 @@ class ReferenceEngine:
         cache_tokens: int | None = None,
         salt: int = 0,
         use_draft_vocab: bool = False,
+        eagle3_head: str | Path | None = None,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -81,6 +84,8 @@ class ReferenceEngine:
             except ValueError as e:
                 raise ValueError(f"{checkpoint}: {e}") from None
             self.draft_vocab = torch.tensor(ids, dtype=torch.long, device=self.device)
+        # An EAGLE-3 head drafting in this engine: a request's next_draft_len asks it for the next call's draft.
+        self.eagle3 = InEngineDrafter(eagle3_head, self.model, cache_entries) if eagle3_head else None
         if cache_bytes is None and cache_tokens:  # a budget in tokens: this model's KV bytes per token decide
             cache_bytes = cache_tokens * self.kv_bytes_per_token()
         self.cache = PrefixCache(cache_entries, cache_bytes)
@@ -96,13 +101,14 @@ class ReferenceEngine:
 
     # ------------------------------------------------------------------ forward with prefix reuse
 
-    def _open(self, tokens: list[int], need_logits: int = 1) -> tuple[Segment, int]:
+    def _open(self, tokens: list[int], need_logits: int = 1, max_reuse: int | None = None) -> tuple[Segment, int]:
         """The segment that computes what `tokens` adds to its longest cached prefix (the cache taken out of
-        the prefix cache), and how many tokens the cache served."""
+        the prefix cache), and how many tokens the cache served (at most `max_reuse`: the EAGLE-3 head needs the
+        features of every position its own cache lacks)."""
         from transformers import DynamicCache
 
         cache, reuse = self.cache.take(tokens)
-        reuse = min(reuse, len(tokens) - need_logits)
+        reuse = min(reuse, len(tokens) - need_logits, len(tokens) if max_reuse is None else max_reuse)
         if cache is None or reuse == 0:
             cache, reuse = DynamicCache(config=self.model.config), 0
         elif cache.get_seq_length() > reuse:
@@ -128,6 +134,10 @@ class ReferenceEngine:
                 logits = torch.full((len(rows), self.vocab_size), float("-inf"), device=scores.device)
                 logits[:, self.draft_vocab] = scores
         batch.split_logits(logits)
+        if self.eagle3 is not None:
+            feats = self.eagle3.features()
+            for seg, (s, e) in zip(segments, batch.bounds):
+                seg.features = feats[s:e]
 
     def _rng(self, req: EngineRequest) -> np.random.Generator:
         kind = 1 if req.draft_ids else 0
@@ -196,6 +206,9 @@ class ReferenceEngine:
             raise ValueError("input_ids is empty")
         if req.embedding_bias is not None and req.embedding_bias.shape != (self.vocab_size,):
             raise ValueError(f"embedding_bias must hold one value per vocabulary entry ({self.vocab_size}), got shape {req.embedding_bias.shape}")
+        if req.next_draft_len and self.eagle3 is None:
+            raise ValueError("next_draft_len: this engine has no EAGLE-3 head to draft with (deploy with "
+                             "speculative.method: eagle3); leave next_draft_len out")
         if req.draft_ids:
             return self._verify(req)
         return self._generate(req)
@@ -208,10 +221,14 @@ class ReferenceEngine:
         logits_rows: list[np.ndarray] = []
         log_probs: list[float] = []
         sampling = self._sampling(req)
+        head = self.eagle3.begin(tokens) if req.next_draft_len else None
+        feats = _Features()
+        ended = False
         for step in range(req.output_len):
             need = n_in if step == 0 and req.return_context_logits else 1
-            segment, reuse = self._open(tokens, need)
+            segment, reuse = self._open(tokens, need, head.length if head is not None and step == 0 else None)
             yield segment
+            feats.add(segment)
             logits, cache, n_computed = segment.logits, segment.cache, len(segment.tokens)
             if step == 0:
                 result.reused_tokens = reuse
@@ -227,6 +244,7 @@ class ReferenceEngine:
             result.last_token_ns = time.monotonic_ns()
             result.first_token_ns = result.first_token_ns or result.last_token_ns
             if req.end_id is not None and t == req.end_id:
+                ended = True
                 break  # the end token is not output and not counted
             tokens.append(t)
             log_probs.append(self._log_prob(row, t))
@@ -236,13 +254,16 @@ class ReferenceEngine:
             result.generation_logits = np.stack(logits_rows).astype(np.float32)
         if req.return_log_probs:
             result.log_probs = log_probs
+        if head is not None and not ended and feats.rows is not None:
+            result.next_draft_ids = self.eagle3.finish(head, tokens, feats.start, feats.rows, req.next_draft_len)
         return result
 
     def _verify(self, req: EngineRequest) -> Steps:
         seq, draft = list(req.input_ids), [int(t) for t in req.draft_ids or []]
         k = len(draft)
         need = len(seq) + k if req.return_context_logits else k + 1
-        segment, reuse = self._open(seq + draft, need)
+        head = self.eagle3.begin(seq) if req.next_draft_len else None
+        segment, reuse = self._open(seq + draft, need, None if head is None else head.length)
         yield segment
         logits, n_computed = segment.logits, len(segment.tokens)
         self.cache.put(seq + draft, segment.cache, committed=len(seq))
@@ -261,8 +282,12 @@ class ReferenceEngine:
             else:
                 v = verify_by_target_sample(draft, p, rng)
         new = v.tokens
-        if req.end_id is not None and req.end_id in new:  # the end token ends the sequence, unoutput
+        ended = req.end_id is not None and req.end_id in new
+        if ended:  # the end token ends the sequence, unoutput
             new = new[: new.index(req.end_id)]
+        next_draft = None
+        if head is not None and not ended:
+            next_draft = self.eagle3.finish(head, seq + new, segment.start, segment.features, req.next_draft_len)
         now = time.monotonic_ns()
         return EngineResult(
             seq + new,
@@ -276,4 +301,25 @@ class ReferenceEngine:
             computed_tokens=n_computed,
             first_token_ns=now,
             last_token_ns=now,
+            next_draft_ids=next_draft,
         )
+
+
+class _Features:
+    """The captured features of a request's consecutive steps, one row per position from `start` on."""
+
+    def __init__(self) -> None:
+        self.start: int | None = None
+        self.rows: torch.Tensor | None = None
+
+    def add(self, segment: Segment) -> None:
+        if segment.features is None:
+            return
+        if self.rows is None:
+            self.start, self.rows = segment.start, segment.features
+            return
+        have = self.start + self.rows.shape[0]
+        if segment.start > have:  # a gap (the prefix cache lost the sequence): the head cannot extend
+            self.rows = None
+            return
+        self.rows = torch.cat([self.rows, segment.features[have - segment.start :]])

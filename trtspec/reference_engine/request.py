@@ -38,6 +38,7 @@ class EngineRequest:
     return_generation_logits: bool = False
     return_context_logits: bool = False
     return_log_probs: bool = False
+    next_draft_len: int = 0  # EAGLE-3 in the engine: draft this many tokens for the next call (next_draft_ids)
 
 
 @dataclass
@@ -53,6 +54,7 @@ class EngineResult:
     computed_tokens: int = 0
     first_token_ns: int = 0  # time.monotonic_ns() (the executor's steady clock) when the first token was known
     last_token_ns: int = 0
+    next_draft_ids: list[int] | None = None  # the in-engine head's draft for the call after this one
 
     @property
     def new_tokens(self) -> list[int]:

@@ -10,6 +10,10 @@ import numpy as np
 from trtspec.reference_engine.request import EngineRequest, EngineResult
 from trtspec.speculative import SamplingParams
 
+# The reference engine's in-engine drafting (EAGLE-3, as TensorRT-LLM's one-model path): how many draft tokens
+# to propose for the next call, and the proposal, returned with this call's answer.
+NEXT_DRAFT_LEN, NEXT_DRAFT_IDS = "next_draft_len", "next_draft_ids"
+
 # TensorRT-LLM inputs this engine cannot honour, with what they would do: a request carrying one is refused
 # with its name, never served as if it were absent. Values that change nothing are accepted (see DEFAULTS).
 UNSUPPORTED_INPUTS: dict[str, str] = {
@@ -84,6 +88,9 @@ def request_from_tensors(get: TensorGetter, max_input_len: int | None = None) ->
         raise RequestTensorError("input_ids is empty")
     if max_input_len and len(input_ids) > max_input_len:
         raise RequestTensorError(f"input length {len(input_ids)} exceeds max_input_len {max_input_len}")
+    next_draft_len = int(scalar(NEXT_DRAFT_LEN, 0))
+    if next_draft_len < 0:
+        raise RequestTensorError(f"{NEXT_DRAFT_LEN} must be >= 0, got {next_draft_len}")
     output_len = int(scalar("request_output_len", 0))
     if output_len <= 0:
         raise RequestTensorError(f"request_output_len must be > 0, got {output_len}")
@@ -114,6 +121,7 @@ def request_from_tensors(get: TensorGetter, max_input_len: int | None = None) ->
         repetition_penalty=scalar("repetition_penalty"),
         presence_penalty=scalar("presence_penalty"),
         frequency_penalty=scalar("frequency_penalty"),
+        next_draft_len=next_draft_len,
         return_generation_logits=bool(scalar("return_generation_logits", False)),
         return_context_logits=bool(scalar("return_context_logits", False)),
         return_log_probs=bool(scalar("return_log_probs", False)),
@@ -161,6 +169,8 @@ def result_tensors(
             out[name] = t([[value]], dtype)
     if flag("return_num_input_tokens"):
         out["num_input_tokens"] = t([[result.input_len]], np.int32)
+    if result.next_draft_ids is not None:
+        out[NEXT_DRAFT_IDS] = t(result.next_draft_ids, np.int32).reshape(1, -1)
     if flag("return_num_output_tokens"):
         out["num_output_tokens"] = t([[len(result.new_tokens)]], np.int32)
     return out

@@ -42,6 +42,7 @@ class TritonPythonModel:
             cache_tokens=int(params.get("kv_cache_max_tokens", "0")) or None,
             salt=sum(args["model_name"].encode()),
             use_draft_vocab=params.get("use_draft_vocab", "false").lower() == "true",
+            eagle3_head=params.get("eagle3_head") or None,
         )
         self.gauges = EngineGauges(pb_utils, args["model_name"])
         self.scheduler = BatchScheduler(

@@ -1,0 +1,173 @@
+"""The shipped EAGLE-3 head for the demo target (trtspec/assets/demo_eagle3), drafting inside the reference engine.
+
+Against the real head: its checkpoint has the keys and shapes TensorRT-LLM / vLLM / SGLang load; through a real
+Triton server greedy output is token-identical to target-only (alone and concurrent) while the head's drafts
+are accepted, and the responses carry the acceptance statistics.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from trtspec.client import Client
+from trtspec.config import parse_config
+from trtspec.demo_pair import EAGLE3_ASSET_DIR, VOCAB_SIZE
+from trtspec.reference_engine import eagle3
+
+MAX_TOKENS = 24
+CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+PROMPTS = [
+    CHAT.format("What is the capital of France?"),
+    CHAT.format("Write a haiku about the sea."),
+    CHAT.format("How do I boil an egg?"),
+    CHAT.format("List the planets of the solar system."),
+]
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(EAGLE3_ASSET_DIR / eagle3.TENSORS_FILE))
+
+
+def test_checkpoint_has_the_layout_the_loaders_read():
+    cfg = json.loads((EAGLE3_ASSET_DIR / eagle3.CONFIG_FILE).read_text())
+    assert cfg["architectures"] == [eagle3.ARCHITECTURE]
+    H, V, Vd = cfg["hidden_size"], cfg["vocab_size"], cfg["draft_vocab_size"]
+    hd = cfg["head_dim"]
+    q, kv, inter = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd, cfg["intermediate_size"]
+    assert (H, V, Vd, cfg["num_hidden_layers"]) == (576, VOCAB_SIZE, 8192, 1)
+    # outputs of layers 1, 14, 26: SGLang's spelling (layer outputs) and vLLM's (inputs of layer j)
+    assert cfg["eagle_config"][eagle3.AUX_LAYERS_KEY] == [1, 14, 26]
+    assert cfg[eagle3.AUX_LAYERS_KEY] == [2, 15, 27]
+    want = {
+        "fc.weight": (H, 3 * H),
+        "midlayer.input_layernorm.weight": (H,),
+        "midlayer.hidden_norm.weight": (H,),
+        "midlayer.post_attention_layernorm.weight": (H,),
+        "midlayer.self_attn.q_proj.weight": (q, 2 * H),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * H),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * H),
+        "midlayer.self_attn.o_proj.weight": (H, q),
+        "midlayer.mlp.gate_proj.weight": (inter, H),
+        "midlayer.mlp.up_proj.weight": (inter, H),
+        "midlayer.mlp.down_proj.weight": (H, inter),
+        "norm.weight": (H,),
+        "lm_head.weight": (Vd, H),
+        "d2t": (Vd,),
+        "t2d": (V,),
+    }
+    t = _tensors()
+    assert {k: tuple(v.shape) for k, v in t.items()} == want  # no embed_tokens: the target's is shared
+    assert t["d2t"].dtype == torch.int64 and t["t2d"].dtype == torch.bool
+    assert all(v.dtype == torch.float16 for k, v in t.items() if k not in ("d2t", "t2d"))
+    target_ids = torch.arange(Vd) + t["d2t"]  # target id = draft id + d2t[draft id]
+    assert int(target_ids.min()) >= 0 and int(target_ids.max()) < V
+    assert len(set(target_ids.tolist())) == Vd
+    assert t["t2d"].sum() == Vd and bool(t["t2d"][target_ids].all())
+
+
+def test_a_head_for_another_target_is_refused_by_field():
+    from types import SimpleNamespace
+
+    cfg = json.loads((EAGLE3_ASSET_DIR / eagle3.CONFIG_FILE).read_text())
+    target = SimpleNamespace(num_hidden_layers=30, hidden_size=576, vocab_size=VOCAB_SIZE)
+    eagle3.check_against_target(cfg, target, "head")
+    with pytest.raises(eagle3.Eagle3Error, match="hidden_size"):
+        eagle3.check_against_target(cfg, SimpleNamespace(num_hidden_layers=30, hidden_size=960, vocab_size=VOCAB_SIZE), "head")
+    with pytest.raises(eagle3.Eagle3Error, match=eagle3.AUX_LAYERS_KEY):
+        eagle3.check_against_target(cfg, SimpleNamespace(num_hidden_layers=16, hidden_size=576, vocab_size=VOCAB_SIZE), "head")
+
+
+def _one_model_loop(engine, prompt: list[int], n: int, k: int) -> tuple[list[int], int, int]:
+    """Each call verifies the previous answer's next_draft_ids and asks for the next k: (tokens, drafted, accepted)."""
+    from trtspec.reference_engine import EngineRequest
+
+    seq, draft, drafted, accepted = list(prompt), [], 0, 0
+    while len(seq) - len(prompt) < n:
+        r = engine.run(EngineRequest(seq, len(draft) + 1, draft_ids=draft or None, next_draft_len=k))
+        drafted, accepted = drafted + len(draft), accepted + r.num_accepted
+        seq, draft = r.tokens, r.next_draft_ids
+        assert draft is not None and len(draft) == k
+    return seq[len(prompt):][:n], drafted, accepted
+
+
+def test_in_engine_drafting_is_exact_and_shares_prefixes(demo_pair):
+    from trtspec.reference_engine import EngineRequest, ReferenceEngine
+
+    engine = ReferenceEngine(demo_pair.target, device="cpu", eagle3_head=EAGLE3_ASSET_DIR, cache_entries=4)
+    with pytest.raises(ValueError, match="next_draft_len"):
+        ReferenceEngine(demo_pair.target, device="cpu").steps(EngineRequest([1, 2, 3], 1, next_draft_len=2))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(demo_pair.target)
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS[:2]]
+    for prompt in prompts:
+        want = engine.run(EngineRequest(prompt, 16)).new_tokens
+        got, drafted, accepted = _one_model_loop(engine, prompt, 16, 3)
+        assert got == want[:16]
+        assert drafted > 0 and accepted > 0
+    # a sequence sharing 8 tokens with one served gets the head's entries 0..6 (entry j reads token j+1), lent
+    head = engine.eagle3.begin(prompts[1][:8] + [7, 7, 7])
+    assert head.length == 7
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from trtspec.repository import generate_repository
+    from trtspec.server import ServerOptions, create_server
+
+    cfg = parse_config(
+        {
+            "name": "test-eagle3",
+            "engine": "reference",
+            "device": "cpu",
+            "target": {"checkpoint": "demo:target", "dtype": "float32"},
+            "draft": {"checkpoint": "demo:eagle3", "dtype": "float32"},
+            "speculative": {"method": "eagle3", "max_draft_len": 8, "num_draft_tokens": 3},
+            "limits": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 320},
+            "triton": {"speculative_instance_count": 2},
+        }
+    )
+    repo = generate_repository(cfg, tmp_path_factory.mktemp("repo") / "model_repository")
+    assert not (repo / "tensorrt_llm_draft").exists()  # the head drafts inside the target engine
+    with create_server(ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto")) as s:
+        s.wait_ready(300)
+        yield s
+
+
+def _client(server, model="ensemble"):
+    return Client(server.endpoints.http_address, "http", model)
+
+
+@pytest.fixture(scope="module")
+def baseline(server):
+    client = _client(server, "baseline")
+    return [client.generate(p, MAX_TOKENS).token_ids for p in PROMPTS]
+
+
+@pytest.mark.slow
+def test_greedy_identical_alone_and_concurrent(server, baseline):
+    client = _client(server)
+    alone = [client.generate(p, MAX_TOKENS, num_draft_tokens=3) for p in PROMPTS]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda p: client.generate(p, MAX_TOKENS, num_draft_tokens=3), PROMPTS))
+    for gens in (alone, together):
+        assert [g.token_ids for g in gens] == baseline
+    drafted = sum(g.stats.total_draft_tokens for g in alone)
+    accepted = sum(g.stats.total_accepted_draft_tokens for g in alone)
+    assert drafted > 0 and accepted > 0  # the head drafts, and the target keeps some of it
+
+
+@pytest.mark.slow
+def test_response_reports_acceptance(server):
+    s = _client(server).generate(PROMPTS[0], MAX_TOKENS, num_draft_tokens=3).stats
+    assert s.total_draft_tokens > 0
+    assert s.acceptance_rate == pytest.approx(s.total_accepted_draft_tokens / s.total_draft_tokens, abs=1e-6)
+    assert s.accepted_per_position[0] >= s.accepted_per_position[1] >= s.accepted_per_position[2]
+    assert sum(s.accepted_per_position) == s.total_accepted_draft_tokens
+    assert s.accepted_by_source[0] == s.total_accepted_draft_tokens  # "model": the deployment's drafter
