@@ -254,7 +254,7 @@ def test_errors_have_the_openai_shape_and_the_server_stays_healthy(api, client, 
     _assert_error(api, 400, {**ok, "messages": []}, "messages")
     _assert_error(api, 400, {**ok, "logprobs": True, "top_logprobs": 2}, "top_logprobs", says="alternatives per token")
     text_ok = {"model": name, "prompt": "Hi", "max_tokens": 4}
-    _assert_error(api, 400, {**text_ok, "logprobs": 2}, says="alternatives per token")
+    _assert_error(api, 400, {**text_ok, "logprobs": 2}, "logprobs", says="alternatives per token")
     _assert_error(api, 400, {**text_ok, "logprobs": 0, "echo": True}, says="echo with logprobs")
     _assert_error(api, 400, {**ok, "tools": [{"type": "function"}]}, says="tools is not supported")
     # non-finite numbers are not JSON, but Python's json writes them: still a 400

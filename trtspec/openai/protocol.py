@@ -141,10 +141,15 @@ class CompletionRequest(_GenerationRequest):
     # the target's log-probability of each token it emits; the number asks for that many alternatives per token
     logprobs: int | None = Field(default=None, ge=0, le=5)
 
+    @field_validator("logprobs")
+    @classmethod
+    def _alternatives(cls, v: int | None) -> int | None:
+        if v:
+            raise ValueError(f"{v}: {NO_ALTERNATIVES}; ask logprobs 0 for the emitted tokens' own")
+        return v
+
     @model_validator(mode="after")
     def _logprobs(self) -> "CompletionRequest":
-        if self.logprobs:
-            raise ValueError(f"logprobs {self.logprobs}: {NO_ALTERNATIVES}; ask logprobs 0 for the emitted tokens' own")
         if self.logprobs is not None and self.echo:
             raise ValueError("echo with logprobs: the prompt's log-probabilities are not computed; leave one of them out")
         return self
@@ -189,11 +194,12 @@ class ChatCompletionRequest(_GenerationRequest):
     logprobs: bool = False  # the target's log-probability of each token it emits
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
-    @model_validator(mode="after")
-    def _top_logprobs(self) -> "ChatCompletionRequest":
-        if self.top_logprobs:
-            raise ValueError(f"top_logprobs {self.top_logprobs}: {NO_ALTERNATIVES}; use logprobs with top_logprobs 0")
-        return self
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, v: int | None) -> int | None:
+        if v:
+            raise ValueError(f"{v}: {NO_ALTERNATIVES}; use logprobs with top_logprobs 0")
+        return v
 
     @property
     def wants_log_probs(self) -> bool:
