@@ -101,6 +101,7 @@ def _demo_llmapi():
 
 def test_reference_config_gets_the_canonical_schedule():
     doc = _demo()
+    doc["speculative"].update(max_concurrency=4, num_draft_tokens=3)  # a user's caps, which the schedule replaces
     tuned = apply_schedule(doc, {1: 4, 4: 2, 8: 0})
     spec = tuned.doc["speculative"]
     assert tuned.section == "speculative" and spec["draft_len_schedule"] == {1: 4, 4: 2, 8: 0}
