@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from train_draft import CHAT_FORMS, PLAIN_FORMS, TOPICS, _as_ids, encode_chat  # noqa: E402
+from train_draft import CHAT_FORMS, PLAIN_FORMS, TOPICS, _as_ids, encode_chat, lr_at, make_batches  # noqa: E402
 
 from trtspec import demo_pair  # noqa: E402
 from trtspec.checkpoint import default_capture_layers  # noqa: E402
@@ -262,22 +262,6 @@ def init_head(cfg: dict, tt: dict, vocab_ids: list[int], layers: list[int], seed
     return head
 
 
-def make_batches(seqs: list[dict], tokens_per_step: int, rng: random.Random) -> list[list[int]]:
-    order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i]["ids"]), i))
-    batches, cur, cur_max = [], [], 0
-    for i in order:
-        n = len(seqs[i]["ids"])
-        if cur and max(cur_max, n) * (len(cur) + 1) > tokens_per_step:
-            batches.append(cur)
-            cur, cur_max = [], 0
-        cur.append(i)
-        cur_max = max(cur_max, n)
-    if cur:
-        batches.append(cur)
-    rng.shuffle(batches)
-    return batches
-
-
 def collate(seqs: list[dict], idx: list[int], prompt_weight: float):
     T = max(len(seqs[i]["ids"]) - 1 for i in idx)
     B = len(idx)
@@ -364,13 +348,6 @@ def evaluate(head, seqs, batches, w_teacher, steps, prompt_weight) -> list[float
                 tot[s][1] += n
     head.train()
     return [h / max(n, 1) for h, n in tot]
-
-
-def lr_at(step: int, total: int, peak: float, warmup: int, floor: float) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    t = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
 def stage_train(args) -> None:
