@@ -2,6 +2,7 @@
 limits queue instead of failing, and a full queue is a clear error."""
 
 import threading
+import time
 
 import pytest
 
@@ -46,7 +47,9 @@ def test_full_queue_is_refused_and_the_rest_drains(engine):
     engine.forward = lambda segments: (gate.wait(30), original(segments))  # hold the first step
     try:
         futures = [scheduler.submit(EngineRequest([1, 2, 3], output_len=2))]
+        deadline = time.monotonic() + 60
         while scheduler.stats.active == 0:
+            assert time.monotonic() < deadline, "the first request never started"
             threading.Event().wait(0.01)
         futures += [scheduler.submit(EngineRequest([1, 2, 3 + i], output_len=2)) for i in range(2)]
         with pytest.raises(QueueFull, match="queue is full.*max_batch_size"):
