@@ -225,8 +225,8 @@ def test_min_tokens_and_ignore_eos_fix_the_output_length(api, client, name) -> N
                   says="min_tokens")
 
 
-def _assert_error(api, status: int, body, param: str | None = None, says: str = "") -> dict:
-    code, reply = _post(api, "/chat/completions", body)
+def _assert_error(api, status: int, body, param: str | None = None, says: str = "", path: str = "/chat/completions") -> dict:
+    code, reply = _post(api, path, body)
     assert code == status, reply
     assert set(reply) == {"error"} and set(reply["error"]) == {"message", "type", "param", "code"}, reply
     assert reply["error"]["type"] == ("invalid_request_error" if status < 500 else "server_error")
@@ -254,8 +254,8 @@ def test_errors_have_the_openai_shape_and_the_server_stays_healthy(api, client, 
     _assert_error(api, 400, {**ok, "messages": []}, "messages")
     _assert_error(api, 400, {**ok, "logprobs": True, "top_logprobs": 2}, "top_logprobs", says="alternatives per token")
     text_ok = {"model": name, "prompt": "Hi", "max_tokens": 4}
-    _assert_error(api, 400, {**text_ok, "logprobs": 2}, "logprobs", says="alternatives per token")
-    _assert_error(api, 400, {**text_ok, "logprobs": 0, "echo": True}, says="echo with logprobs")
+    _assert_error(api, 400, {**text_ok, "logprobs": 2}, "logprobs", says="alternatives per token", path="/completions")
+    _assert_error(api, 400, {**text_ok, "logprobs": 0, "echo": True}, says="echo with logprobs", path="/completions")
     _assert_error(api, 400, {**ok, "tools": [{"type": "function"}]}, says="tools is not supported")
     # non-finite numbers are not JSON, but Python's json writes them: still a 400
     _assert_error(api, 400, b'{"model": "%s", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}'

@@ -277,15 +277,19 @@ class ControllerGauges:
         if now - self._sent_at < self.MIN_INTERVAL_S:
             return
         self._sent_at = now
+        # copies: other requests' threads and processes update the shared estimates while these are read
+        reached, accepted = np.array(est.reached), np.array(est.accepted)
+        costs = ((CONTROLLER_VERIFY_GAUGE, np.array(est.verify_s), np.array(est.verify_n)),
+                 (CONTROLLER_DRAFT_GAUGE, np.array(est.draft_s), np.array(est.draft_n)))
+        catchup_s, catchup_n = np.array(est.catchup_s), np.array(est.catchup_n)
         with TRITON_METRICS_LOCK:
             for si, source in enumerate(SOURCES):
                 for i in range(positions):
-                    if est.reached[si, i] > 0:
-                        self._set(CONTROLLER_ACCEPTANCE_GAUGE, est.accepted[si, i] / est.reached[si, i],
+                    if reached[si, i] > 0:
+                        self._set(CONTROLLER_ACCEPTANCE_GAUGE, accepted[si, i] / reached[si, i],
                                   source=source, position=str(i))
-            for family, means, counts in ((CONTROLLER_VERIFY_GAUGE, est.verify_s, est.verify_n),
-                                          (CONTROLLER_DRAFT_GAUGE, est.draft_s, est.draft_n)):
+            for family, means, counts in costs:
                 for k, load in zip(*np.nonzero(counts)):
                     self._set(family, means[k, load], draft_len=str(k), load=str(load))
-            for load in np.flatnonzero(est.catchup_n):
-                self._set(CONTROLLER_CATCHUP_GAUGE, est.catchup_s[load], load=str(load))
+            for load in np.flatnonzero(catchup_n):
+                self._set(CONTROLLER_CATCHUP_GAUGE, catchup_s[load], load=str(load))

@@ -191,7 +191,10 @@ class LoopModel:
                         sender.send(self._response(req, text, chunk.new_tokens, chunk.generated_before, chunk, chunk.log_probs))
             if last is None:
                 raise EngineCallError("the loop produced no output")
-            self.controller_gauges.update(self.estimates, self.settings.speculative.max_draft_len)
+            try:
+                self.controller_gauges.update(self.estimates, self.settings.speculative.max_draft_len)
+            except Exception:  # noqa: BLE001 - the gauges explain; they must never fail the request they follow
+                pass
             generated = last.generated_before + last.new_tokens
             # counters first: a client that scrapes /metrics after its final response sees them
             if cancelled:
