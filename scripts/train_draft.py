@@ -172,6 +172,19 @@ def topk_logprobs(model, hidden: torch.Tensor, k: int, rows: int = 512) -> tuple
 
 
 @torch.no_grad()
+def next_tokens(logits: torch.Tensor, temp: torch.Tensor, top_p: float, gen: torch.Generator) -> torch.Tensor:
+    """Each row's next token: argmax where its temperature is 0, else a top-p sample at its temperature."""
+    nxt = logits.argmax(-1)
+    sampled = (temp > 0).nonzero().squeeze(-1)
+    if len(sampled):
+        probs = torch.softmax(logits[sampled] / temp[sampled, None], dim=-1)
+        sp, si = probs.sort(dim=-1, descending=True)
+        sp[(sp.cumsum(-1) - sp) > top_p] = 0.0
+        choice = torch.multinomial(sp, 1, generator=gen).squeeze(-1)
+        nxt[sampled] = si.gather(-1, choice[:, None]).squeeze(-1)
+    return nxt
+
+
 def generate_batch(model, prompts: list[list[int]], *, max_new: int, temps: list[float], top_p: float, k: int,
                    eos: int, pad: int, gen: torch.Generator) -> list[dict]:
     """Left-padded batched decoding with a KV cache; finished rows are dropped from the batch.
@@ -200,16 +213,7 @@ def generate_batch(model, prompts: list[list[int]], *, max_new: int, temps: list
     next_pos = pos[:, -1] + 1
     temp = torch.tensor(temps, dtype=torch.float32)
     for step in range(max_new):
-        logits = model.lm_head(last_h).float()
-        tok_next = logits.argmax(-1)
-        sampled = (temp > 0).nonzero().squeeze(-1)
-        if len(sampled):
-            probs = torch.softmax(logits[sampled] / temp[sampled, None], dim=-1)
-            sp, si = probs.sort(dim=-1, descending=True)
-            cum = sp.cumsum(-1)
-            sp[(cum - sp) > top_p] = 0.0
-            choice = torch.multinomial(sp, 1, generator=gen).squeeze(-1)
-            tok_next[sampled] = si.gather(-1, choice[:, None]).squeeze(-1)
+        tok_next = next_tokens(model.lm_head(last_h).float(), temp, top_p, gen)
         keep = []
         for r, sidx in enumerate(alive):
             t = int(tok_next[r])

@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from train_draft import CHAT_FORMS, PLAIN_FORMS, TOPICS, _as_ids, encode_chat, lr_at, make_batches  # noqa: E402
+from train_draft import CHAT_FORMS, PLAIN_FORMS, TOPICS, _as_ids, encode_chat, lr_at, make_batches, next_tokens  # noqa: E402
 
 from trtspec import demo_pair  # noqa: E402
 from trtspec.checkpoint import default_capture_layers  # noqa: E402
@@ -121,15 +121,7 @@ def generate_batch(model, cap: Capture, prompts: list[list[int]], *, max_new: in
     next_pos = pos[:, -1] + 1
     temp = torch.tensor(temps, dtype=torch.float32)
     for step in range(max_new):
-        logits = model.lm_head(last_h).float()
-        nxt = logits.argmax(-1)
-        sampled = (temp > 0).nonzero().squeeze(-1)
-        if len(sampled):
-            probs = torch.softmax(logits[sampled] / temp[sampled, None], dim=-1)
-            sp, si = probs.sort(dim=-1, descending=True)
-            sp[(sp.cumsum(-1) - sp) > top_p] = 0.0
-            choice = torch.multinomial(sp, 1, generator=gen).squeeze(-1)
-            nxt[sampled] = si.gather(-1, choice[:, None]).squeeze(-1)
+        nxt = next_tokens(model.lm_head(last_h).float(), temp, top_p, gen)
         keep = []
         for r, s in enumerate(alive):
             t = int(nxt[r])
