@@ -61,3 +61,29 @@ def loop_settings(*, draft_disabled: bool = False, max_input_len: int = 2048, **
     return LoopSettings(
         speculative=SpeculativeConfig(**speculative), max_input_len=max_input_len, draft_disabled=draft_disabled
     )
+
+
+ECHO_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+ECHO_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
+"""
+
+
+def write_echo_repository(root: Path) -> Path:
+    """A one-model repository (`echo`: Y = X) for tests of the server itself, not of the models."""
+    (root / "echo" / "1").mkdir(parents=True)
+    (root / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)
+    (root / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
+    return root

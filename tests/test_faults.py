@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import write_echo_repository
 from trtspec.client import Client, grpc_inputs
 from trtspec.config import parse_config
 from trtspec.openai.backend import RETRY_AFTER_S
@@ -354,22 +355,6 @@ def test_cut_connection_between_openai_frontend_and_triton(deployment, reference
 
 # ------------------------------------------------------------------ `trtspec serve` itself (a one-model repository)
 
-ECHO_CONFIG = """
-backend: "python"
-max_batch_size: 0
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-"""
-ECHO_MODEL = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
-                for r in requests]
-"""
 
 
 class _Serve:
@@ -416,10 +401,7 @@ class _Serve:
 
 @pytest.fixture
 def echo_repo(tmp_path) -> Path:
-    (tmp_path / "echo" / "1").mkdir(parents=True)
-    (tmp_path / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)
-    (tmp_path / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
-    return tmp_path
+    return write_echo_repository(tmp_path)
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from conftest import write_echo_repository
 from trtspec.client import Client, grpc_inputs
 from trtspec.config import parse_config
 from trtspec.contract import RESPONSE_STATS
@@ -258,22 +259,6 @@ def test_drafting_steps_aside_under_load(server):
     assert _metric(server, counter, "ensemble") - before == beside.stats.load_paused_iterations
 
 
-_ECHO_CONFIG = """
-backend: "python"
-max_batch_size: 0
-input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-"""
-_ECHO_MODEL = """
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
-                for r in requests]
-"""
 
 
 @pytest.fixture
@@ -282,9 +267,7 @@ def own_server(tmp_path):
     order the tests run in."""
     from trtspec.server import ServerOptions, create_server
 
-    (tmp_path / "echo" / "1").mkdir(parents=True)
-    (tmp_path / "echo" / "config.pbtxt").write_text(_ECHO_CONFIG)
-    (tmp_path / "echo" / "1" / "model.py").write_text(_ECHO_MODEL)
+    write_echo_repository(tmp_path)
     opts = ServerOptions(tmp_path, http_port="auto", grpc_port="auto", metrics_port="auto", exit_timeout_s=EXIT_TIMEOUT_S)
     with create_server(opts) as s:
         yield s
