@@ -79,10 +79,6 @@ class _Output:
     def finish_reason(self) -> str:
         return "stop" if self.matcher.stopped or len(self.ids) < self.max_tokens else "length"
 
-    def usage(self, prompt_tokens: int) -> dict[str, int]:
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": len(self.ids),
-                "total_tokens": prompt_tokens + len(self.ids)}
-
 
 class _Reply:
     """The OpenAI objects of one request, chat or text completion."""
