@@ -103,7 +103,7 @@ def test_requests_answered_after_a_step_are_regathered_into_the_next(engine):
         assert len(out) == 4
         assert len(rows) <= 5, f"the batch split: rows per step {rows}"  # 4 iterations, plus one staggered start
         # 3 returns each; these prompts are prefixes of one another, so a return can pass for another's
-        assert len(scheduler.returns.delays) >= 8 and scheduler.returns.typical_delay() < 0.05
+        assert len(scheduler.returns.delays) >= 8
     finally:
         engine.forward = original
         scheduler.close()
@@ -116,13 +116,18 @@ def test_clients_that_come_back_late_are_not_waited_for(engine):
     engine.forward = lambda segments: (threading.Event().wait(0.02), original(segments))
     scheduler = BatchScheduler(engine, max_batch_size=4)
     try:
+        # a long request keeps the engine stepping, so every step after a client's answer could wait for it
+        busy = scheduler.submit(EngineRequest(list(PROMPTS[7]), output_len=200))
         seq = list(PROMPTS[3])
-        for _ in range(6):
+        for i in range(6):
             seq = scheduler.run(EngineRequest(seq, output_len=1)).tokens
+            if i == 1:  # one return measured: the last wait is behind us
+                waited = scheduler.stats.regather_wait_s
             threading.Event().wait(0.08)  # the round trip elsewhere
+        assert not busy.done(), "the long request ended early: the steps had no reason to wait"
         assert len(scheduler.returns.delays) == 5 and scheduler.returns.typical_delay() >= 0.08
-        # only the first wait, before any return was measured (up to 2 x 5 ms + 1 ms)
-        assert scheduler.stats.regather_wait_s < 0.015, scheduler.stats.regather_wait_s
+        # it waited for the first return, whose delay it did not know yet, and for none after
+        assert waited > 0 and scheduler.stats.regather_wait_s == waited
     finally:
         engine.forward = original
         scheduler.close()
