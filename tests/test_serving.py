@@ -88,29 +88,42 @@ def _client(server, protocol="http", model="ensemble"):
 
 @pytest.fixture(scope="module")
 def baseline(server):
-    """Target-only token ids per prompt (the reference every speculative run must reproduce)."""
+    """Target-only token ids per prompt, each request alone in the deployment (the reference every speculative
+    and every concurrent run must reproduce)."""
     client = _client(server, model="baseline")
-    with ThreadPoolExecutor(4) as pool:
-        gens = list(pool.map(lambda p: client.generate(p, MAX_TOKENS), PROMPTS))
+    gens = [client.generate(p, MAX_TOKENS) for p in PROMPTS]
     for g in gens:
         assert g.stats.total_draft_tokens == 0 and len(g.token_ids) > 0
     return [g.token_ids for g in gens]
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-@pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("k", [1, 3, 8])
-def test_greedy_speculative_identical_to_baseline(server, baseline, protocol, stream, k):
-    client = _client(server, protocol)
-    with ThreadPoolExecutor(4) as pool:
-        gens = list(pool.map(lambda p: client.generate(p, MAX_TOKENS, stream=stream, num_draft_tokens=k), PROMPTS))
-    for prompt, want, g in zip(PROMPTS, baseline, gens):
-        assert g.token_ids == want, f"prompt {prompt!r}"
-    drafted = sum(g.stats.total_draft_tokens for g in gens)
-    accepted = sum(g.stats.total_accepted_draft_tokens for g in gens)
-    assert drafted > 0 and 0 < accepted <= drafted  # the draft took part, and some of it was accepted
-    if stream:
-        assert any(len(g.chunks) > 1 for g in gens)  # tokens really arrived in pieces
+GREEDY_CASES = [(k, stream, protocol) for k in (1, 3, 8) for stream in (False, True) for protocol in ("http", "grpc")]
+
+
+def test_greedy_speculative_identical_to_baseline(server, baseline):
+    """Every (draft length, streaming, protocol) case reproduces target-only, in one batch of requests: a case takes
+    every fourth prompt from its own offset, so for each draft length the four (stream, protocol) cases together
+    cover every prompt."""
+    jobs = [(case, i) for n, case in enumerate(GREEDY_CASES) for i in range(n % 4, len(PROMPTS), 4)]
+    clients = {p: _client(server, p) for p in ("http", "grpc")}
+
+    def run(job):
+        (k, stream, protocol), i = job
+        return clients[protocol].generate(PROMPTS[i], MAX_TOKENS, stream=stream, num_draft_tokens=k)
+
+    with ThreadPoolExecutor(8) as pool:
+        gens = dict(zip(jobs, pool.map(run, jobs)))
+    for case in GREEDY_CASES:
+        mine = {i: g for (c, i), g in gens.items() if c == case}
+        for i, g in mine.items():
+            assert g.token_ids == baseline[i], f"k, stream, protocol = {case}: prompt {PROMPTS[i]!r}"
+        drafted = sum(g.stats.total_draft_tokens for g in mine.values())
+        accepted = sum(g.stats.total_accepted_draft_tokens for g in mine.values())
+        assert drafted > 0 and 0 < accepted <= drafted, case  # the draft took part, and some of it was accepted
+        if case[1]:
+            assert any(len(g.chunks) > 1 for g in mine.values()), case  # tokens really arrived in pieces
+    for k in (1, 3, 8):  # each draft length saw every prompt
+        assert sorted(i for (c, i) in gens if c[0] == k) == list(range(len(PROMPTS)))
 
 
 GROUNDED = [
@@ -125,37 +138,53 @@ GROUNDED = [
 ]
 
 
-@pytest.mark.parametrize("source", ["ngram", "hybrid", "model", "hybrid-adaptive"])
-def test_every_draft_source_is_exact(server, baseline, source):
+DRAFT_SOURCES = ["ngram", "hybrid", "model", "hybrid-adaptive"]
+
+
+def test_every_draft_source_is_exact(server, baseline):
     """Greedy output equals target-only for every draft source, on chat and input-grounded prompts
-    (hybrid-adaptive: the goodput controller, which picks k and the source every iteration)."""
-    source, _, policy = source.partition("-")
+    (hybrid-adaptive: the goodput controller, which picks k and the source every iteration), in one batch of
+    requests: every source gets every grounded prompt and every fourth chat prompt from its own offset."""
     client = _client(server)
     base = _client(server, model="baseline")
-    prompts = PROMPTS + GROUNDED
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(8) as pool:
         want = baseline + list(pool.map(lambda p: base.generate(p, MAX_TOKENS).token_ids, GROUNDED))
-        gens = list(pool.map(lambda p: client.generate(p, MAX_TOKENS, num_draft_tokens=3, draft_source=source,
-                                                       draft_length_policy=policy or None), prompts))
-    assert [g.token_ids for g in gens] == want
-    by_source = [sum(g.stats.accepted_by_source[i] for g in gens) for i in range(2)]  # [model, ngram]
-    accepted = sum(g.stats.total_accepted_draft_tokens for g in gens)
-    assert sum(by_source) == accepted
-    if source == "ngram":
-        assert by_source[0] == 0 and by_source[1] > 0  # grounded prompts copy from the prompt
-    if source == "model":
-        assert by_source[1] == 0
-    if source == "hybrid" and not policy:
-        assert by_source[0] > 0 and by_source[1] > 0
-    if policy:
-        assert by_source[1] > 0
+        prompts = PROMPTS + GROUNDED
+        jobs = [(name, i) for n, name in enumerate(DRAFT_SOURCES)
+                for i in [*range(n, len(PROMPTS), 4), *range(len(PROMPTS), len(prompts))]]
+
+        def run(job):
+            source, _, policy = job[0].partition("-")
+            return client.generate(prompts[job[1]], MAX_TOKENS, num_draft_tokens=3, draft_source=source,
+                                   draft_length_policy=policy or None)
+
+        gens = dict(zip(jobs, pool.map(run, jobs)))
+    for name in DRAFT_SOURCES:
+        source, _, policy = name.partition("-")
+        mine = {i: g for (n, i), g in gens.items() if n == name}
+        for i, g in mine.items():
+            assert g.token_ids == want[i], f"{name}: prompt {prompts[i]!r}"
+        by_source = [sum(g.stats.accepted_by_source[j] for g in mine.values()) for j in range(2)]  # [model, ngram]
+        accepted = sum(g.stats.total_accepted_draft_tokens for g in mine.values())
+        assert sum(by_source) == accepted, name
+        if source == "ngram":
+            assert by_source[0] == 0 and by_source[1] > 0  # grounded prompts copy from the prompt
+        if source == "model":
+            assert by_source[1] == 0
+        if source == "hybrid" and not policy:
+            assert by_source[0] > 0 and by_source[1] > 0
+        if policy:
+            assert by_source[1] > 0
 
 
 def test_streamed_text_concatenates_to_the_whole_text(server):
     client = _client(server)
-    for prompt in (PROMPTS[-1], PROMPTS[-2], PROMPTS[-3]):  # multi-byte characters split across tokens
-        whole = client.generate(prompt, 24)
-        streamed = client.generate(prompt, 24, stream=True, num_draft_tokens=1)
+    prompts = (PROMPTS[-1], PROMPTS[-2], PROMPTS[-3])  # multi-byte characters split across tokens
+    with ThreadPoolExecutor(6) as pool:
+        wholes = pool.map(lambda p: client.generate(p, 24), prompts)
+        streams = pool.map(lambda p: client.generate(p, 24, stream=True, num_draft_tokens=1), prompts)
+        pairs = list(zip(wholes, streams))
+    for whole, streamed in pairs:
         assert streamed.token_ids == whole.token_ids
         assert "".join(c.text for c in streamed.chunks) == whole.text
         assert "\ufffd" not in whole.text
@@ -170,15 +199,15 @@ def _draft_engine_requests(server) -> int:
 
 @pytest.mark.parametrize("concurrency", [1, 8])
 def test_controller_is_exact_and_its_k0_iterations_make_no_draft_call(server, baseline, concurrency):
-    """Under the goodput controller greedy output is target-only's at 1 and 8 in flight, every iteration's draft
+    """Under the goodput controller greedy output is target-only's at 1 (one request) and 8 in flight, every iteration's draft
     length is in draft_len_counts, and the draft model is called exactly once per iteration that drafted from it."""
     client = _client(server)
-    prompts = PROMPTS[:8]
+    prompts = PROMPTS[:concurrency]
     before = _draft_engine_requests(server)
     with ThreadPoolExecutor(concurrency) as pool:
         gens = list(pool.map(lambda p: client.generate(p, MAX_TOKENS, num_draft_tokens=3, draft_source="model",
                                                        draft_length_policy="adaptive"), prompts))
-    assert [g.token_ids for g in gens] == baseline[:8]
+    assert [g.token_ids for g in gens] == baseline[:concurrency]
     for g in gens:
         assert sum(g.stats.draft_len_counts) == g.stats.num_iterations
         assert len(g.stats.draft_len_counts) <= 4  # never past the request's num_draft_tokens
@@ -191,22 +220,15 @@ def test_controller_is_exact_and_its_k0_iterations_make_no_draft_call(server, ba
     assert _draft_engine_requests(server) == before
 
 
-@pytest.fixture(scope="module")
-def solo_streams(server):
-    """Per endpoint, each of the first 16 prompts streamed alone (one request in the deployment at a time)."""
-    client = {m: _client(server, "grpc", m) for m in ("ensemble", "baseline")}
-    return {m: [c.generate(p, MAX_TOKENS, stream=True).token_ids for p in PROMPTS[:16]] for m, c in client.items()}
-
-
 @pytest.mark.parametrize("model", ["ensemble", "baseline"])
-@pytest.mark.parametrize("n", [8, 16])
-def test_concurrent_streams_match_their_solo_output(server, solo_streams, model, n):
-    """n streams at once (16 is twice the deployment's max_batch_size: half of them queue in the engine) each
-    equal their solo output, and they overlapped in time."""
+def test_concurrent_streams_match_their_solo_output(server, baseline, model):
+    """16 streams at once (twice the deployment's max_batch_size: a full batch runs and half of them queue in the
+    engine) each equal their solo output, and they overlapped in time."""
+    n = 16
     client = _client(server, "grpc", model)
     with ThreadPoolExecutor(n) as pool:
         together = list(pool.map(lambda p: client.generate(p, MAX_TOKENS, stream=True), PROMPTS[:n]))
-    assert [g.token_ids for g in together] == solo_streams[model][:n]
+    assert [g.token_ids for g in together] == baseline[:n]
     # they really overlapped in time: the latest start comes before the earliest end
     assert max(g.start for g in together) < min(g.end for g in together)
 
@@ -375,8 +397,10 @@ def test_exclude_input_in_output_false_starts_the_output_with_the_prompt(server)
 ])
 def test_penalties_reach_the_engines_and_speculation_stays_exact(server, baseline, field, value, changes):
     i = 1
-    spec = _client(server).generate(PROMPTS[i], MAX_TOKENS, num_draft_tokens=3, **{field: value})
-    base = _client(server, model="baseline").generate(PROMPTS[i], MAX_TOKENS, **{field: value})
+    with ThreadPoolExecutor(2) as pool:
+        spec = pool.submit(_client(server).generate, PROMPTS[i], MAX_TOKENS, num_draft_tokens=3, **{field: value})
+        base = _client(server, model="baseline").generate(PROMPTS[i], MAX_TOKENS, **{field: value})
+        spec = spec.result()
     assert spec.token_ids == base.token_ids
     assert (base.token_ids != baseline[i]) is changes
 
