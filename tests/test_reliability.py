@@ -45,7 +45,8 @@ def demo_config():
             "engine": "reference",
             "device": "cpu",
             "target": {"checkpoint": "demo:target", "dtype": "float32"},
-            "draft": {"checkpoint": "demo:draft", "dtype": "float32"},
+            # a draft that does not pay (near-zero acceptance): test_adaptive_policy_steps_aside_from_a_draft_that_does_not_pay
+            "draft": {"checkpoint": "demo:draft-untrained", "dtype": "float32"},
             # drafting stops while more than one request is in flight (test_drafting_steps_aside_under_load)
             "speculative": {"max_draft_len": 8, "num_draft_tokens": 3, "max_concurrency": 1},
             "limits": {"max_batch_size": 8, "max_input_len": 512, "max_seq_len": 640},
@@ -259,6 +260,29 @@ def test_drafting_steps_aside_under_load(server):
     assert _metric(server, counter, "ensemble") - before == beside.stats.load_paused_iterations
 
 
+
+def _draft_engine_requests(server) -> int:
+    """Requests Triton's statistics count for the draft model (each draft call is one)."""
+    url = f"http://{server.endpoints.http_address}/v2/models/tensorrt_llm_draft/stats"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        stats = json.load(r)["model_stats"]
+    return sum(int(m["inference_stats"]["success"]["count"]) for m in stats)
+
+
+def test_adaptive_policy_steps_aside_from_a_draft_that_does_not_pay(server):
+    """The draft here is the untrained one: under draft_length_policy adaptive the loop behind Triton runs at
+    k = 0 but for one-token probes, calls the draft model only for those, and gives the target's tokens."""
+    addr = server.endpoints.http_address
+    want = Client(addr, "http", "baseline").generate(PROMPT, 40).token_ids
+    for _ in range(2):  # the second request starts from what the deployment learnt in the first
+        before = _draft_engine_requests(server)
+        g = Client(addr, "http", "ensemble").generate(PROMPT, 40, draft_source="model", draft_length_policy="adaptive",
+                                                      num_draft_tokens=3)
+        assert g.token_ids == want
+        counts = g.stats.draft_len_counts
+        assert sum(counts) == g.stats.num_iterations
+        assert counts[0] >= g.stats.num_iterations * 0.75 and sum(counts[2:]) == 0, counts
+        assert _draft_engine_requests(server) - before == sum(counts[1:]) == g.stats.num_drafts
 
 
 @pytest.fixture
