@@ -460,7 +460,7 @@ def server(tmp_path_factory):
         "draft": {"checkpoint": target, "dtype": "float32"},
         "speculative": {"max_draft_len": 4, "num_draft_tokens": 2},
         "limits": {"max_batch_size": 4, "max_input_len": 512, "max_seq_len": 600},
-        "triton": {"speculative_instance_count": 4},
+        "triton": {"speculative_instance_count": 2},  # the sweep runs at most 2 requests at once
     })
     repo = generate_repository(cfg, tmp_path_factory.mktemp("bench") / "model_repository")
     # one torch thread per engine: the draft and target processes share few cores with whatever else runs, and

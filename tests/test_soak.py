@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -20,6 +21,8 @@ from trtspec.bench.soak import (
     table,
 )
 from trtspec.metrics import AFTER_CANCEL_COUNTER, CANCELLED_COUNTER, EMITTED_COUNTER, REQUESTS_COUNTER
+
+ROOT = Path(__file__).resolve().parents[1]
 
 P = Prompt("p", "chat", "hi")
 
@@ -150,8 +153,14 @@ def test_short_soak_against_real_triton(tmp_path):
     counted by the server, and the server still ready."""
     from trtspec.cli import cli
 
+    import yaml
+
+    # the demo deployment with two loop instances instead of eight: 4 streams need no more, and it starts sooner
+    config = yaml.safe_load((ROOT / "build_configs" / "demo.yaml").read_text())
+    config["triton"]["speculative_instance_count"] = 2
+    (tmp_path / "demo.yaml").write_text(yaml.safe_dump(config))
     out = tmp_path / "soak"
-    args = ["bench", "--config", "build_configs/demo.yaml", "--soak", "0.3", "--soak-streams", "4",
+    args = ["bench", "--config", str(tmp_path / "demo.yaml"), "--soak", "0.3", "--soak-streams", "4",
             "--soak-disconnect", "0.3", "--soak-bad", "0.3", "--soak-settle", "2", "--max-tokens", "16", "-o", str(out)]
     r = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert r.exit_code == 0, r.output
@@ -161,8 +170,10 @@ def test_short_soak_against_real_triton(tmp_path):
     assert req["completed"] + req["errored"] + req["left_early"] + req["injected_bad"] == req["sent"]
     assert req["errored"] == 0, s["errors"]
     assert req["bad_refused_by_name"] == req["injected_bad"], s["unexpected_bad"]
-    assert s["server"]["cancelled"] <= req["left_early"]
-    assert s["checks"]["tokens_after_cancel_within_one_iteration"] in (True, None)
+    # clients left early, and the server counted the streams it cancelled for them (a stream that ended before
+    # its loop saw the client leave is not cancelled: at most one per client that left)
+    assert req["left_early"] > 0 and 0 < s["server"]["cancelled"] <= req["left_early"]
+    assert s["checks"]["tokens_after_cancel_within_one_iteration"] is True
     assert s["server_ready_after"] is True
     assert s["rss"]["num_samples"] >= 2 and s["rss"]["peak_bytes"] >= s["rss"]["start_bytes"] > 0
     assert "text_input not UTF-8" in s["settings"]["bad_requests"]  # gRPC carries what JSON cannot
