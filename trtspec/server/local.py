@@ -401,6 +401,15 @@ def _set_pdeathsig() -> None:  # runs in the child between fork and exec
         pass
 
 
+def _model_count(repository: Path) -> int:
+    """Models in a repository (its directories holding a config.pbtxt), at least Triton's default of 4."""
+    try:
+        n = sum(1 for d in repository.iterdir() if (d / "config.pbtxt").is_file())
+    except OSError:
+        n = 0
+    return max(4, n)
+
+
 def _bool(b: bool) -> str:
     return "true" if b else "false"
 
@@ -473,6 +482,7 @@ class LocalTritonServer(TritonServer):
             args += [f"--load-model={name}" for name in o.load_models]
         elif o.load_models:
             raise ServerError("load_models needs model_control_mode='explicit'")
+        args.append(f"--model-load-thread-count={o.model_load_threads or _model_count(o.repository_path)}")
         args += [
             f"--strict-readiness={_bool(o.strict_readiness)}",
             f"--exit-on-error={_bool(o.exit_on_error)}",
