@@ -49,6 +49,22 @@ def test_a_dead_model_process_is_a_retryable_503_on_the_openai_api():
     assert _triton_error("speculative loop: engine died").status == 500  # not every failure is retryable
 
 
+
+def test_a_tokenizer_only_model_process_starts_without_torch(demo_pair):
+    """A restart is as fast as the model processes start: the ones that only tokenize (the loop, entry and
+    pre/postprocessing models, most of a deployment's processes) must not import torch, and must get the very
+    tokenizer AutoTokenizer gives."""
+    target = demo_pair.target
+    code = ("import sys; from trtspec.text import load_tokenizer; t = load_tokenizer(sys.argv[1]); "
+            "print(type(t).__name__, t.encode('<|im_start|>user hi'), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}).stdout.split()
+    from transformers import AutoTokenizer
+
+    auto = AutoTokenizer.from_pretrained(str(target))
+    assert out == [type(auto).__name__, *str(auto.encode("<|im_start|>user hi")).split(), "False"]
+
+
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     from trtspec.openai.server import OpenAIServer
