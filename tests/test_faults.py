@@ -65,6 +65,30 @@ def test_a_tokenizer_only_model_process_starts_without_torch(demo_pair):
     assert out == [type(auto).__name__, *str(auto.encode("<|im_start|>user hi")).split(), "False"]
 
 
+
+def test_triton_starts_every_model_at_once_without_auto_complete_processes_it_does_not_need(tmp_path):
+    """What a restart costs besides the models' own start: Triton's default of 4 models loading at a time, and one
+    more process per Python model to auto-complete a config it cannot change."""
+    from trtspec.server import LocalTritonServer
+
+    for i in range(6):
+        model = tmp_path / f"m{i}"
+        (model / "1").mkdir(parents=True)
+        (model / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 0\n')
+        (model / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+
+    def args():
+        return LocalTritonServer(tmp_path, http_port=18000, grpc_port=18001, metrics_port=18002).server_args()
+
+    assert "--model-load-thread-count=6" in args() and "--disable-auto-complete-config" in args()
+    (tmp_path / "m0" / "1" / "model.py").write_text("class TritonPythonModel:\n    def auto_complete_config(c):\n"
+                                                   "        return c\n")
+    assert "--disable-auto-complete-config" not in args()
+    (tmp_path / "m0" / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    (tmp_path / "m1" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\n')  # I/O auto-completed
+    assert "--disable-auto-complete-config" not in args()
+
+
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     from trtspec.openai.server import OpenAIServer

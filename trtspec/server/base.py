@@ -143,7 +143,8 @@ class ServerOptions:
     strict_readiness: bool = True
     exit_on_error: bool = True
     #: skip the extra stub process Triton starts per Python model to auto-complete its config (faster start;
-    #: needs complete config.pbtxt files)
+    #: needs complete config.pbtxt files). Skipped anyway when no model of the repository can be auto-completed
+    #: (``trtspec.server.local._needs_auto_complete``)
     disable_auto_complete_config: bool = False
     #: ``--exit-timeout-secs``: how long Triton waits for in-flight requests on shutdown
     exit_timeout_s: int = 10
