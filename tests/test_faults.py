@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_echo_repository
-from trtspec.client import Client, grpc_inputs
+from trtspec.client import Client, ClientError, grpc_inputs
 from trtspec.config import parse_config
 from trtspec.openai.backend import RETRY_AFTER_S
 from trtspec.repository import generate_repository
@@ -87,6 +87,40 @@ def test_triton_starts_every_model_at_once_without_auto_complete_processes_it_do
     (tmp_path / "m0" / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
     (tmp_path / "m1" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\n')  # I/O auto-completed
     assert "--disable-auto-complete-config" not in args()
+
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_an_http_stream_cut_before_its_end_is_an_error_not_a_short_answer(cut):
+    """A server that dies mid-stream closes the connection: the client must not take the tokens so far for the
+    whole answer (the soak counted such streams as completed)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = srv.accept()
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(next(v for k, _, v in (h.partition(b":") for h in head.split(b"\r\n"))
+                          if k.lower() == b"content-length"))
+        while len(body) < length:
+            body += conn.recv(65536)
+        event = b'data: {"model_name": "ensemble", "output_ids": [5], "text_output": "a"}\n\n'
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + b"%x\r\n%s\r\n" % (len(event), event) + (b"" if cut else b"0\r\n\r\n"))
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    client = Client(f"127.0.0.1:{srv.getsockname()[1]}", "http", "ensemble")
+    try:
+        if cut:
+            with pytest.raises(ClientError, match="closed the stream before its end"):
+                list(client.stream("hi", 4, stream=True))
+        else:
+            assert [c.token_ids for c in client.stream("hi", 4, stream=True)] == [[5]]
+    finally:
+        srv.close()
 
 
 @pytest.fixture(scope="module")
