@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_echo_repository
-from trtspec.client import Client, grpc_inputs
+from trtspec.client import Client, ClientError, grpc_inputs
 from trtspec.config import parse_config
 from trtspec.openai.backend import RETRY_AFTER_S
 from trtspec.repository import generate_repository
@@ -47,6 +47,80 @@ def test_a_dead_model_process_is_a_retryable_503_on_the_openai_api():
     assert (e.status, e.code, e.retry_after_s) == (503, "service_unavailable", RETRY_AFTER_S)
     assert "tensorrt_llm_0_0" in e.message
     assert _triton_error("speculative loop: engine died").status == 500  # not every failure is retryable
+
+
+
+def test_a_tokenizer_only_model_process_starts_without_torch(demo_pair):
+    """A restart is as fast as the model processes start: the ones that only tokenize (the loop, entry and
+    pre/postprocessing models, most of a deployment's processes) must not import torch, and must get the very
+    tokenizer AutoTokenizer gives."""
+    target = demo_pair.target
+    code = ("import sys; from trtspec.text import load_tokenizer; t = load_tokenizer(sys.argv[1]); "
+            "print(type(t).__name__, t.encode('<|im_start|>user hi'), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}).stdout.split()
+    from transformers import AutoTokenizer
+
+    auto = AutoTokenizer.from_pretrained(str(target))
+    assert out == [type(auto).__name__, *str(auto.encode("<|im_start|>user hi")).split(), "False"]
+
+
+
+def test_triton_starts_every_model_at_once_without_auto_complete_processes_it_does_not_need(tmp_path):
+    """What a restart costs besides the models' own start: Triton's default of 4 models loading at a time, and one
+    more process per Python model to auto-complete a config it cannot change."""
+    from trtspec.server import LocalTritonServer
+
+    for i in range(6):
+        model = tmp_path / f"m{i}"
+        (model / "1").mkdir(parents=True)
+        (model / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 0\n')
+        (model / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+
+    def args():
+        return LocalTritonServer(tmp_path, http_port=18000, grpc_port=18001, metrics_port=18002).server_args()
+
+    assert "--model-load-thread-count=6" in args() and "--disable-auto-complete-config" in args()
+    (tmp_path / "m0" / "1" / "model.py").write_text("class TritonPythonModel:\n    def auto_complete_config(c):\n"
+                                                   "        return c\n")
+    assert "--disable-auto-complete-config" not in args()
+    (tmp_path / "m0" / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    (tmp_path / "m1" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\n')  # I/O auto-completed
+    assert "--disable-auto-complete-config" not in args()
+
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_an_http_stream_cut_before_its_end_is_an_error_not_a_short_answer(cut):
+    """A server that dies mid-stream closes the connection: the client must not take the tokens so far for the
+    whole answer (the soak counted such streams as completed)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = srv.accept()
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(next(v for k, _, v in (h.partition(b":") for h in head.split(b"\r\n"))
+                          if k.lower() == b"content-length"))
+        while len(body) < length:
+            body += conn.recv(65536)
+        event = b'data: {"model_name": "ensemble", "output_ids": [5], "text_output": "a"}\n\n'
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + b"%x\r\n%s\r\n" % (len(event), event) + (b"" if cut else b"0\r\n\r\n"))
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    client = Client(f"127.0.0.1:{srv.getsockname()[1]}", "http", "ensemble")
+    try:
+        if cut:
+            with pytest.raises(ClientError, match="closed the stream before its end"):
+                list(client.stream("hi", 4, stream=True))
+        else:
+            assert [c.token_ids for c in client.stream("hi", 4, stream=True)] == [[5]]
+    finally:
+        srv.close()
 
 
 @pytest.fixture(scope="module")

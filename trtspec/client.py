@@ -128,6 +128,10 @@ class Client:
                 if "error" in body:
                     raise ClientError(body["error"])
                 yield _chunk(body)
+            # iterating a chunked response also ends quietly when the connection is cut (a server that died
+            # mid-stream); only a stream that had its last chunk leaves http.client's chunk_left at None
+            if resp.chunked and resp.chunk_left is not None:
+                raise ClientError(f"{self.model}: the server closed the stream before its end")
 
     # ------------------------------------------------------------------ gRPC
 

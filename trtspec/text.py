@@ -7,18 +7,38 @@ or bad word that tokenizes to no tokens (it could never match).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from trtspec.contract import RequestError
 from trtspec.detokenize import chunk_text
 
 
+#: tokenizer classes that are the `tokenizers` library's fast tokenizer itself (transformers 4: the first, 5: both)
+_FAST_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def load_tokenizer(tokenizer_dir: str | Path) -> Any:
+    """The tokenizer AutoTokenizer loads, without importing torch where the class is known from tokenizer_config.json:
+    AutoTokenizer reads the model's config through transformers' configuration module, which imports torch (~2.5 s
+    of CPU and ~260 MB in every model process that only tokenizes; measured in docs/benchmarks/faults.md)."""
+    try:
+        cls = json.loads((Path(tokenizer_dir) / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        cls = None
+    if cls in _FAST_TOKENIZER_CLASSES:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+
 class TextCodec:
     def __init__(self, tokenizer_dir: str | Path, *, add_special_tokens: bool = False, skip_special_tokens: bool = True):
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        self.tokenizer = load_tokenizer(tokenizer_dir)
         self.add_special_tokens = add_special_tokens
         self.skip_special_tokens = skip_special_tokens
         self.end_id: int | None = self.tokenizer.eos_token_id

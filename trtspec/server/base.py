@@ -136,10 +136,15 @@ class ServerOptions:
     model_control_mode: ModelControlMode = "none"
     #: with ``model_control_mode="explicit"``: models loaded at startup (``["*"]`` = all)
     load_models: Sequence[str] = ()
+    #: ``--model-load-thread-count``: models Triton loads at once. None: one thread per model of the repository, so
+    #: that no model waits behind others for a thread (Triton's default, 4, loaded the demo's engines only after
+    #: its loop models: docs/benchmarks/faults.md)
+    model_load_threads: int | None = None
     strict_readiness: bool = True
     exit_on_error: bool = True
     #: skip the extra stub process Triton starts per Python model to auto-complete its config (faster start;
-    #: needs complete config.pbtxt files)
+    #: needs complete config.pbtxt files). Skipped anyway when no model of the repository can be auto-completed
+    #: (``trtspec.server.local._needs_auto_complete``)
     disable_auto_complete_config: bool = False
     #: ``--exit-timeout-secs``: how long Triton waits for in-flight requests on shutdown
     exit_timeout_s: int = 10

@@ -15,10 +15,10 @@ from trtspec.detokenize import chunk_text
 
 class TritonPythonModel:
     def initialize(self, args):
-        from transformers import AutoTokenizer
+        from trtspec.text import load_tokenizer
 
         p = io.model_parameters(args)
-        self.tokenizer = AutoTokenizer.from_pretrained(p["tokenizer_dir"])
+        self.tokenizer = load_tokenizer(p["tokenizer_dir"])
         self.skip_special = p.get("skip_special_tokens", "true").lower() == "true"
 
     def _one(self, request):
