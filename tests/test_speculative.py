@@ -220,6 +220,51 @@ def test_controller_charges_the_draft_models_catch_up():
     assert ctl.choose(1, {"model": 6}, missed=1000).k == 0  # catching up on 1,000 tokens does not pay
 
 
+def test_controller_does_not_draft_at_load_where_the_draft_model_does_not_pay_the_deployment():
+    # the demo at 8 in flight: a plain batched step 150 ms, each draft row adds 12 ms to it, the draft model 8 ms a
+    # token, acceptance 0.28 / 0.08 / 0.02. For the request alone a 1-token draft looks like a win (1.28 tokens for
+    # 170 ms against 1 for 150 ms), but its rows and its draft call are not shared with the other 7: per engine
+    # second the deployment makes 53 tokens plainly and 33 drafting
+    dep = Deployment([0.28, 0.08, 0.02], draft_per_token=0.008, step=lambda load: 0.150)
+    dep.step_cost = lambda k: 0.150 + 0.012 * k
+    ctl = _controller(probe_every=8)
+    choices = [dep.iterate(ctl, load=8, cap=3) for _ in range(400)]
+    assert sum(c.k > 0 and not c.probe for c in choices[50:]) == 0
+    assert sum(c.probe for c in choices[50:]) <= 350 // 8 // 2  # probes get rarer as they keep failing
+    # the same costs at one in flight, where nobody else waits for the step: 1.28 tokens per 170 ms beats 1 per 150
+    assert [c.k for c in [dep.iterate(ctl, load=1, cap=3) for _ in range(100)][50:]].count(1) >= 40
+
+
+def test_controller_drafts_at_load_when_the_draft_rows_and_draft_model_are_cheap():
+    # a device with headroom at 8 in flight (a draft row adds 1 ms to a 150 ms step): drafting pays the deployment
+    dep = Deployment([0.9], draft_per_token=0.001, step=lambda load: 0.150)
+    dep.step_cost = lambda k: 0.150 + 0.001 * k
+    ctl = _controller()
+    assert np.mean(_ks(dep, ctl, 300, load=8)[100:]) >= 3
+
+
+def test_controller_never_takes_draft_rows_at_a_load_where_they_were_not_measured_for_free():
+    ctl = _controller()
+    for _ in range(20):  # at 1 in flight: a plain step 40 ms, 4 ms per draft row
+        for k in (0, 3):
+            ctl.record(1, "ngram" if k else None, k, 0, 0.040 + 0.004 * k)
+        ctl.record(8, None, 0, 0, 0.150)  # at 8 only plain steps were measured
+    assert ctl.verify_cost(3, 8) == pytest.approx(0.150 + 3 * 0.004)  # a row's cost from load 1, not flat
+    fresh = _controller()
+    fresh.record(8, None, 0, 0, 0.160)  # draft rows measured nowhere: a plain step's cost per row
+    assert fresh.verify_cost(2, 8) == pytest.approx(0.160 * (1 + 2 / 8))
+
+
+def test_controller_scales_a_draft_cost_measured_at_lighter_load():
+    ctl = _controller()
+    for _ in range(20):
+        ctl.record(1, None, 0, 0, 0.040)
+        ctl.record(8, None, 0, 0, 0.120)  # the device is three times as busy at 8 in flight
+        ctl.record(1, "model", 2, 1, 0.048, draft_s=0.010)
+    assert ctl.draft_cost("model", 2, 1) == pytest.approx(0.010)
+    assert ctl.draft_cost("model", 2, 8) == pytest.approx(0.030)
+
+
 def test_spec_stats_rates_and_positions():
     s = SpecStats()
     s.record(3, 2)

@@ -228,9 +228,10 @@ class Choice:
 
 
 class GoodputController:
-    """Chooses, per iteration of one request, the draft source and k in 0..cap maximising expected tokens per
-    second: (1 + expected accepted tokens) / (draft cost + verify cost at the current load); a plain step
-    (k = 0) yields 1 token per plain-step cost and is always a candidate.
+    """Chooses, per iteration of one request, the draft source and k in 0..cap maximising the deployment's
+    expected tokens per second of engine time: (1 + expected accepted tokens) / (the request's share of a plain
+    step at the current load + what the k draft rows add to that step + the draft-model call); a plain step
+    (k = 0, one token per share) is always a candidate. At one in flight this is the request's own speed.
 
     Acceptance per position per source blends the deployment's estimate (shared by its loop processes) with the
     request's own drafts; the estimate starts pessimistic (acceptance 0 at the first position, each deeper
@@ -279,15 +280,19 @@ class GoodputController:
         return total
 
     @staticmethod
-    def _curve(means: np.ndarray, counts: np.ndarray, n: int, kmax: int, proportional: bool) -> list[float] | None:
+    def _nearest_load(counts: np.ndarray, n: int, min_measured: int = 1) -> int | None:
+        """The load nearest n with at least `min_measured` k measured (n itself first); None if there is none."""
+        loads = np.flatnonzero((counts > 0).sum(axis=0) >= min_measured)
+        return None if loads.size == 0 else int(loads[np.argmin(np.abs(loads - n))])
+
+    @classmethod
+    def _curve(cls, means: np.ndarray, counts: np.ndarray, n: int, kmax: int, proportional: bool) -> list[float] | None:
         """Mean costs of k = 0..kmax at load n. Unmeasured: from the nearest measured load, and across k linearly
         between (or beyond) the two nearest measured k there (one measured k: the same cost, or in proportion to
         k); None when nothing is measured."""
-        if not counts[:, n].any():
-            loads = np.flatnonzero(counts.any(axis=0))
-            if loads.size == 0:
-                return None
-            n = int(loads[np.argmin(np.abs(loads - n))])
+        n = cls._nearest_load(counts, n)
+        if n is None:
+            return None
         col, measured = means[:, n].tolist(), counts[:, n].tolist()
         seen = [k for k, c in enumerate(measured) if c]
         out = []
@@ -302,17 +307,44 @@ class GoodputController:
                 out.append(max(col[k0] + (col[k1] - col[k0]) * (k - k0) / (k1 - k0), 0.0))
         return out
 
+    def verify_costs(self, kmax: int, load: int) -> list[float] | None:
+        """Seconds of a target call verifying k = 0..kmax drafts at `load` in flight. Where that load has fewer
+        than two k measured, a draft row's cost comes from the nearest load that measured two (a row costs about
+        the same whoever else is in the step), or, where none did, is a plain step's cost per row at this load:
+        compute-bound, pessimistic until a probe measures it. Never flat: that made drafting look free at load."""
+        means, counts, n = self.est.verify_s, self.est.verify_n, load_key(load)
+        col = self._nearest_load(counts, n)
+        if col is None:
+            return None
+        seen = np.flatnonzero(counts[:, col])
+        if seen.size >= 2:
+            return self._curve(means, counts, n, kmax, proportional=False)
+        k0, base = int(seen[0]), float(means[seen[0], col])
+        m = self._nearest_load(counts, n, min_measured=2)
+        if m is not None:
+            ks = np.flatnonzero(counts[:, m])
+            per_row = max(float(means[ks[-1], m] - means[ks[0], m]) / int(ks[-1] - ks[0]), 0.0)
+        else:
+            per_row = base / (n + k0)
+        return [max(base + per_row * (k - k0), 0.0) for k in range(kmax + 1)]
+
     def verify_cost(self, k: int, load: int) -> float | None:
-        curve = self._curve(self.est.verify_s, self.est.verify_n, load_key(load), k, proportional=False)
+        curve = self.verify_costs(k, load)
         return None if curve is None else curve[k]
 
     def draft_costs(self, kmax: int, load: int, missed: int = 0) -> list[float] | None:
         """Seconds of a draft-model call for k = 0..kmax; `missed`: tokens the draft model has not seen yet (beyond
-        the usual 2, it prefills them first)."""
+        the usual 2, it prefills them first). Measured at a lighter load only, it is scaled as a plain target step
+        slowed from there to this load: the draft model shares the device with the target."""
         n = load_key(load)
         curve = self._curve(self.est.draft_s, self.est.draft_n, n, kmax, proportional=True)
         if curve is None:
             return None
+        m = self._nearest_load(self.est.draft_n, n)
+        if m < n:
+            step_here, step_there = self.verify_cost(0, n), self.verify_cost(0, m)
+            if step_here and step_there:
+                curve = [c * max(1.0, step_here / step_there) for c in curve]
         measured = np.flatnonzero(self.est.catchup_n)
         per_token = float(self.est.catchup_s[measured[np.argmin(np.abs(measured - n))]]) if measured.size else 0.0
         return [0.0] + [c + per_token * max(0, missed - 2) for c in curve[1:]]
@@ -330,10 +362,15 @@ class GoodputController:
         `missed`: tokens the draft model would catch up on. Sources in asking order (the first wins a tie).
         Each candidate's value is its expected tokens per second, acceptance optimistic by its standard error."""
         kmax = max(candidates.values(), default=0)
-        verify = self._curve(self.est.verify_s, self.est.verify_n, load_key(load), kmax, proportional=False)
+        verify = self.verify_costs(kmax, load)
         if verify is None:
             return Choice(None, 0)  # measure a plain step first
-        best, best_value = Choice(None, 0), 1.0 / max(verify[0], 1e-9)
+        # Goodput is the deployment's tokens per second of engine time, not this request's. With n in flight a
+        # plain step is shared by n requests: this request's share of it is step / n. What drafting adds is
+        # never shared: the draft rows lengthen the step every request in it waits for, and the draft model's
+        # call occupies the device (alone at 1 in flight, this is the request's own latency, as it should be).
+        share = verify[0] / load_key(load)
+        best, best_value = Choice(None, 0), 1.0 / max(share, 1e-9)
         draft: list[float] | None = None
         for source, cap in candidates.items():
             if cap <= 0:
@@ -346,7 +383,7 @@ class GoodputController:
             for k, a in enumerate(self.acceptance(source, cap, optimistic=True), start=1):
                 p *= a
                 expected += p
-                cost = verify[k] + (draft[k] if SOURCES[source].needs_draft_model else 0.0)
+                cost = share + max(verify[k] - verify[0], 0.0) + (draft[k] if SOURCES[source].needs_draft_model else 0.0)
                 value = (1.0 + expected) / max(cost, 1e-9)
                 if value > best_value:
                     best, best_value = Choice(source, k), value
