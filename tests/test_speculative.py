@@ -251,8 +251,9 @@ def test_controller_never_takes_draft_rows_at_a_load_where_they_were_not_measure
         ctl.record(8, None, 0, 0, 0.150)  # at 8 only plain steps were measured
     assert ctl.verify_cost(3, 8) == pytest.approx(0.150 + 3 * 0.004)  # a row's cost from load 1, not flat
     fresh = _controller()
-    fresh.record(8, None, 0, 0, 0.160)  # draft rows measured nowhere: a plain step's cost per row
-    assert fresh.verify_cost(2, 8) == pytest.approx(0.160 * (1 + 2 / 8))
+    fresh.record(1, None, 0, 0, 0.040)
+    fresh.record(8, None, 0, 0, 0.110)  # draft rows measured nowhere: what a request's row adds to a plain step
+    assert fresh.verify_cost(2, 8) == pytest.approx(0.110 + 2 * 0.010)
 
 
 def test_controller_scales_a_draft_cost_measured_at_lighter_load():

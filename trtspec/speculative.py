@@ -309,9 +309,9 @@ class GoodputController:
 
     def verify_costs(self, kmax: int, load: int) -> list[float] | None:
         """Seconds of a target call verifying k = 0..kmax drafts at `load` in flight. Where that load has fewer
-        than two k measured, a draft row's cost comes from the nearest load that measured two (a row costs about
-        the same whoever else is in the step), or, where none did, is a plain step's cost per row at this load:
-        compute-bound, pessimistic until a probe measures it. Never flat: that made drafting look free at load."""
+        than two k measured, a draft row costs what it costs at the nearest load that measured two k (a row costs
+        about the same whoever else is in the step), or else what a request's row adds to a plain step between
+        the lightest and heaviest measured loads; flat only when neither is measured (a probe measures it)."""
         means, counts, n = self.est.verify_s, self.est.verify_n, load_key(load)
         col = self._nearest_load(counts, n)
         if col is None:
@@ -321,12 +321,16 @@ class GoodputController:
             return self._curve(means, counts, n, kmax, proportional=False)
         k0, base = int(seen[0]), float(means[seen[0], col])
         m = self._nearest_load(counts, n, min_measured=2)
+        plain = np.flatnonzero(counts[0])
         if m is not None:
             ks = np.flatnonzero(counts[:, m])
-            per_row = max(float(means[ks[-1], m] - means[ks[0], m]) / int(ks[-1] - ks[0]), 0.0)
+            per_row = float(means[ks[-1], m] - means[ks[0], m]) / int(ks[-1] - ks[0])
+        elif plain.size >= 2:
+            lo, hi = int(plain[0]), int(plain[-1])
+            per_row = float(means[0, hi] - means[0, lo]) / (hi - lo)
         else:
-            per_row = base / (n + k0)
-        return [max(base + per_row * (k - k0), 0.0) for k in range(kmax + 1)]
+            per_row = 0.0
+        return [max(base + max(per_row, 0.0) * (k - k0), 0.0) for k in range(kmax + 1)]
 
     def verify_cost(self, k: int, load: int) -> float | None:
         curve = self.verify_costs(k, load)
