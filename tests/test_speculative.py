@@ -204,7 +204,9 @@ def test_controller_comes_back_after_a_k0_stretch_when_acceptance_returns():
 def test_controller_prefers_free_prompt_lookup_and_blends_the_request_history():
     dep, ctl = Deployment([0.6], draft_per_token=0.010), _controller()
     _ks(dep, ctl, 200, load=1, sources=("ngram", "model"))
-    assert ctl.choose(1, {"ngram": 4, "model": 6}).source == "ngram"
+    choice = ctl.choose(1, {"ngram": 4, "model": 6})
+    choice = ctl.choose(1, {"ngram": 4, "model": 6}) if choice.probe else choice  # the deployment's probe is due
+    assert choice.source == "ngram" and not choice.probe
     # a new request of the same deployment starts from what the deployment learnt
     fresh = GoodputController(ctl.est, ctl.settings)
     assert fresh.choose(1, {"ngram": 4}).k >= 1
@@ -264,6 +266,20 @@ def test_controller_scales_a_draft_cost_measured_at_lighter_load():
         ctl.record(1, "model", 2, 1, 0.048, draft_s=0.010)
     assert ctl.draft_cost("model", 2, 1) == pytest.approx(0.010)
     assert ctl.draft_cost("model", 2, 8) == pytest.approx(0.030)
+
+
+def test_controller_probes_are_the_deployments_not_each_requests():
+    # short requests at k = 0 (the draft model does not pay): a new request must not probe afresh, nor undo the
+    # doubling of the interval that earlier failed probes earned
+    dep = Deployment([0.02], draft_per_token=0.010)
+    est = Estimates()
+    from trtspec.config import AdaptivePolicy
+
+    probes = 0
+    for _ in range(60):  # 60 requests of 12 iterations: per request, each would probe at its 9th
+        ctl = GoodputController(est, AdaptivePolicy(probe_every=8))
+        probes += sum(dep.iterate(ctl, load=1).probe for _ in range(12))
+    assert probes <= 720 // 64 + 4  # after the first few, one per 8 x probe_every iterations of the deployment
 
 
 def test_spec_stats_rates_and_positions():

@@ -184,6 +184,8 @@ def _layout() -> dict[str, tuple[int, ...]]:
         "draft_n": (k, n),
         "catchup_s": (n,),  # seconds per token the draft model prefills when it catches up after a pause
         "catchup_n": (n,),
+        "since": (s,),  # the deployment's iterations since source s last drafted (any request's)
+        "probe_interval": (s,),  # its iterations between probes of source s (0: probe_every)
     }
 
 
@@ -236,10 +238,10 @@ class GoodputController:
     Acceptance per position per source blends the deployment's estimate (shared by its loop processes) with the
     request's own drafts; the estimate starts pessimistic (acceptance 0 at the first position, each deeper
     position's prior the one before it), so a fresh deployment starts at k = 0. Costs are the loop's own engine
-    calls, timed by k and requests in flight. After `probe_every` iterations without drafting from a source, it
-    is tried once (a probe), so acceptance or load that changes brings drafting back; each probe of the draft
-    model that does not bring it back doubles the request's interval, up to 8 * probe_every (the estimates are shared: other
-    requests probe too)."""
+    calls, timed by k and requests in flight. After `probe_every` of the deployment's iterations (any request's)
+    without drafting from a source, it is tried once (a probe), so acceptance or load that changes brings drafting
+    back; each probe of the draft model that does not bring it back doubles the deployment's interval, up to
+    8 * probe_every."""
 
     def __init__(self, estimates: Estimates, settings: Any):
         """`settings`: trtspec.config.AdaptivePolicy (probe_every, prior_drafts, request_weight, cost_smoothing,
@@ -248,9 +250,6 @@ class GoodputController:
         s = len(ESTIMATED_SOURCES)
         self.reached = np.zeros((s, MAX_POSITIONS))
         self.accepted = np.zeros((s, MAX_POSITIONS))
-        self.since = dict.fromkeys(ESTIMATED_SOURCES, 0)  # iterations since each source last drafted
-        # iterations between probes of a source: doubles with each probe that does not bring it back (up to 8x)
-        self.probe_interval = dict.fromkeys(ESTIMATED_SOURCES, settings.probe_every)
 
     # -------------------------------------------------------------- estimates
 
@@ -391,12 +390,18 @@ class GoodputController:
                 value = (1.0 + expected) / max(cost, 1e-9)
                 if value > best_value:
                     best, best_value = Choice(source, k), value
+        # Probes are the deployment's, like the estimates they feed: one request's probe informs every request, so a
+        # source is probed after probe_every of the deployment's iterations without it, not after every request's.
+        est, every = self.est, self.settings.probe_every
         if best.source is not None:
-            self.probe_interval[best.source] = self.settings.probe_every
+            est.probe_interval[ESTIMATED_SOURCES.index(best.source)] = every
         for source, cap in candidates.items():
-            if source != best.source and cap > 0 and self.since[source] >= self.probe_interval[source]:
+            si = ESTIMATED_SOURCES.index(source)
+            interval = max(float(est.probe_interval[si]), every)
+            if source != best.source and cap > 0 and est.since[si] >= interval:
+                est.since[si] = 0
                 if SOURCES[source].needs_draft_model:  # prompt lookup's probes cost a verify row, no engine step
-                    self.probe_interval[source] = min(2 * self.probe_interval[source], 8 * self.settings.probe_every)
+                    est.probe_interval[si] = min(2 * interval, 8 * every)
                 good = [a >= 0.5 for a in self.acceptance(source, cap)]
                 depth = good.index(False) if not all(good) else cap
                 return Choice(source, max(1, min(cap, depth + 1)), probe=True)
@@ -414,10 +419,11 @@ class GoodputController:
     ) -> None:
         """One iteration: `proposed` tokens from `source` (None: none), `accepted` of them; the verify call's and
         the draft-model call's seconds (None: not a clean sample, e.g. the request's first call with its prefill)."""
-        for s in self.since:
-            self.since[s] = 0 if s == source and proposed else self.since[s] + 1
         n, est, st = load_key(load), self.est, self.settings
         with est.locked():
+            est.since += 1
+            if source is not None and proposed:
+                est.since[ESTIMATED_SOURCES.index(source)] = 0
             if verify_s is not None:
                 _mean_update(est.verify_s, est.verify_n, (proposed, n), verify_s, st.cost_smoothing)
             if source is None or not proposed:
