@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from trtspec import batching
 from trtspec.batching import BatchScheduler, QueueFull
 from trtspec.reference_engine import EngineRequest, ReferenceEngine
 
@@ -32,7 +33,7 @@ def test_batched_equals_solo_with_chunked_prefill(engine, tiny_target):
     try:
         futures = [scheduler.submit(r) for r in _requests()]
         assert [f.result(60).tokens for f in futures] == solo
-        assert scheduler.stats.max_active == 4 and len(seen) == scheduler.stats.steps
+        assert scheduler.stats.max_active == 4 and len(seen) >= scheduler.stats.steps  # + the drained report
         assert max(a for a, *_ in seen) == 4 and max(t for _, _, t, _ in seen) == 5  # batch and step bounds held
         assert max(q for _, q, *_ in seen) > 0 and min(kv for *_, kv in seen[:-1]) > 0
         assert seen[-1][:2] == (0, 0) and seen[-1][3] == 0  # drained
@@ -141,5 +142,26 @@ def test_a_failing_observer_does_not_stop_the_engine(engine):
     try:
         assert len(scheduler.run(EngineRequest([1, 2, 3], output_len=3)).new_tokens) == 3
         assert len(scheduler.run(EngineRequest([3, 2, 1], output_len=2)).new_tokens) == 2
+    finally:
+        scheduler.close()
+
+
+def test_observers_are_sent_once_per_answer_and_once_when_drained(engine, monkeypatch):
+    # each value sent to Triton's metrics is a round trip to the server: not one per step of a request
+    monkeypatch.setattr(batching, "REPORT_EVERY_S", 60.0)
+    monkeypatch.setattr(batching, "DRAINED_REPORT_S", 0.05)
+    forward, steps = [], []
+    scheduler = BatchScheduler(engine, max_batch_size=2, on_forward=forward.append,
+                               on_step=lambda s: steps.append((s.active, s.queued)))
+    try:
+        assert len(scheduler.run(EngineRequest([1, 2, 3], output_len=5)).new_tokens) == 5
+        assert len(forward) == 1 and forward[0] > 0  # the request's 5 steps, in one value, before its answer
+        assert len(scheduler.run(EngineRequest([3, 2, 1], output_len=2)).new_tokens) == 2
+        assert len(forward) == 2
+        deadline = time.monotonic() + 30
+        while len(steps) == scheduler.stats.steps:  # the drained engine reports once more
+            assert time.monotonic() < deadline, "the drained engine never reported"
+            time.sleep(0.01)
+        assert steps[-1] == (0, 0)
     finally:
         scheduler.close()

@@ -204,7 +204,9 @@ def test_controller_comes_back_after_a_k0_stretch_when_acceptance_returns():
 def test_controller_prefers_free_prompt_lookup_and_blends_the_request_history():
     dep, ctl = Deployment([0.6], draft_per_token=0.010), _controller()
     _ks(dep, ctl, 200, load=1, sources=("ngram", "model"))
-    assert ctl.choose(1, {"ngram": 4, "model": 6}).source == "ngram"
+    choice = ctl.choose(1, {"ngram": 4, "model": 6})
+    choice = ctl.choose(1, {"ngram": 4, "model": 6}) if choice.probe else choice  # the deployment's probe is due
+    assert choice.source == "ngram" and not choice.probe
     # a new request of the same deployment starts from what the deployment learnt
     fresh = GoodputController(ctl.est, ctl.settings)
     assert fresh.choose(1, {"ngram": 4}).k >= 1
@@ -218,6 +220,66 @@ def test_controller_charges_the_draft_models_catch_up():
         ctl.record(1, "model", 2, 2, 0.048, ctl.draft_cost("model", 2, 1) + 0.002 * 40, missed=42)
     assert ctl.draft_cost("model", 2, 1, missed=42) == pytest.approx(ctl.draft_cost("model", 2, 1) + 0.080, rel=0.05)
     assert ctl.choose(1, {"model": 6}, missed=1000).k == 0  # catching up on 1,000 tokens does not pay
+
+
+def test_controller_does_not_draft_at_load_where_the_draft_model_does_not_pay_the_deployment():
+    # the demo at 8 in flight: a plain batched step 150 ms, each draft row adds 12 ms to it, the draft model 8 ms a
+    # token, acceptance 0.28 / 0.08 / 0.02. For the request alone a 1-token draft looks like a win (1.28 tokens for
+    # 170 ms against 1 for 150 ms), but its rows and its draft call are not shared with the other 7: per engine
+    # second the deployment makes 53 tokens plainly and 33 drafting
+    dep = Deployment([0.28, 0.08, 0.02], draft_per_token=0.008, step=lambda load: 0.150)
+    dep.step_cost = lambda k: 0.150 + 0.012 * k
+    ctl = _controller(probe_every=8)
+    choices = [dep.iterate(ctl, load=8, cap=3) for _ in range(400)]
+    assert sum(c.k > 0 and not c.probe for c in choices[50:]) == 0
+    assert sum(c.probe for c in choices[50:]) <= 350 // 8 // 2  # probes get rarer as they keep failing
+    # the same costs at one in flight, where nobody else waits for the step: 1.28 tokens per 170 ms beats 1 per 150
+    assert [c.k for c in [dep.iterate(ctl, load=1, cap=3) for _ in range(100)][50:]].count(1) >= 40
+
+
+def test_controller_drafts_at_load_when_the_draft_rows_and_draft_model_are_cheap():
+    # a device with headroom at 8 in flight (a draft row adds 1 ms to a 150 ms step): drafting pays the deployment
+    dep = Deployment([0.9], draft_per_token=0.001, step=lambda load: 0.150)
+    dep.step_cost = lambda k: 0.150 + 0.001 * k
+    ctl = _controller()
+    assert np.mean(_ks(dep, ctl, 300, load=8)[100:]) >= 3
+
+
+def test_controller_never_takes_draft_rows_at_a_load_where_they_were_not_measured_for_free():
+    ctl = _controller()
+    for _ in range(20):  # at 1 in flight: a plain step 40 ms, 4 ms per draft row
+        for k in (0, 3):
+            ctl.record(1, "ngram" if k else None, k, 0, 0.040 + 0.004 * k)
+        ctl.record(8, None, 0, 0, 0.150)  # at 8 only plain steps were measured
+    assert ctl.verify_cost(3, 8) == pytest.approx(0.150 + 3 * 0.004)  # a row's cost from load 1, not flat
+    fresh = _controller()
+    fresh.record(1, None, 0, 0, 0.040)
+    fresh.record(8, None, 0, 0, 0.110)  # draft rows measured nowhere: what a request's row adds to a plain step
+    assert fresh.verify_cost(2, 8) == pytest.approx(0.110 + 2 * 0.010)
+
+
+def test_controller_scales_a_draft_cost_measured_at_lighter_load():
+    ctl = _controller()
+    for _ in range(20):
+        ctl.record(1, None, 0, 0, 0.040)
+        ctl.record(8, None, 0, 0, 0.120)  # the device is three times as busy at 8 in flight
+        ctl.record(1, "model", 2, 1, 0.048, draft_s=0.010)
+    assert ctl.draft_cost("model", 2, 1) == pytest.approx(0.010)
+    assert ctl.draft_cost("model", 2, 8) == pytest.approx(0.030)
+
+
+def test_controller_probes_are_the_deployments_not_each_requests():
+    # short requests at k = 0 (the draft model does not pay): a new request must not probe afresh, nor undo the
+    # doubling of the interval that earlier failed probes earned
+    dep = Deployment([0.02], draft_per_token=0.010)
+    est = Estimates()
+    from trtspec.config import AdaptivePolicy
+
+    probes = 0
+    for _ in range(60):  # 60 requests of 12 iterations: per request, each would probe at its 9th
+        ctl = GoodputController(est, AdaptivePolicy(probe_every=8))
+        probes += sum(dep.iterate(ctl, load=1).probe for _ in range(12))
+    assert probes <= 720 // 64 + 4  # after the first few, one per 8 x probe_every iterations of the deployment
 
 
 def test_spec_stats_rates_and_positions():

@@ -33,6 +33,12 @@ from trtspec.reference_engine import EngineRequest, EngineResult, ReferenceEngin
 
 
 REGATHER_UNMEASURED_S = 0.005  # assumed until returns are measured: a loop's Triton round trip and its code
+# Observers (Triton metrics) cost a round trip to the server per value sent, as much as a request's own: the forward
+# time is sent once per step that answers (or after this long without one), and a drained engine's stats once it has
+# stayed drained a little longer than that (so a rate limit of REPORT_EVERY_S lets it through), not after every
+# request of a loop that comes straight back.
+REPORT_EVERY_S = 0.25
+DRAINED_REPORT_S = 1.2 * REPORT_EVERY_S
 
 
 class Returns:
@@ -108,8 +114,13 @@ class BatchScheduler:
         self.max_batch_size, self.max_num_tokens = max_batch_size, max_num_tokens
         self.max_queue_size = max_queue_size or 64 * max_batch_size
         self.stats = SchedulerStats()
-        self.on_step = on_step  # called on the scheduler thread after every step (e.g. Prometheus gauges)
-        self.on_forward = on_forward  # the forward pass's duration in ns, before the step's requests are answered
+        # called on the scheduler thread after every step (e.g. Prometheus gauges), and once more when the engine has
+        # stayed drained for DRAINED_REPORT_S
+        self.on_step = on_step
+        # forward-pass time in ns not reported yet, before a step's requests are answered (or every REPORT_EVERY_S)
+        self.on_forward = on_forward
+        self._unreported_ns, self._reported_at = 0, time.monotonic()
+        self._drained_report = False  # the drained stats are due once the engine stays drained
         self.regather = regather
         self._returning = 0  # requests answered after the last step that have not come back yet
         self.returns = Returns()
@@ -172,8 +183,11 @@ class BatchScheduler:
             with self._wake:
                 self._admit()
                 while not self._active and not self._stopping:
-                    self._wake.wait()
+                    if not self._wake.wait(DRAINED_REPORT_S if self._drained_report else None) and self._drained_report:
+                        self._drained_report = False
+                        self._notify(self.on_step, self.stats)
                     self._admit()
+                self._drained_report = False
                 self._regather()
                 if self._stopping:
                     self._fail_all(RuntimeError("the reference engine is shutting down"))
@@ -230,14 +244,16 @@ class BatchScheduler:
         try:
             self.engine.forward([piece for _, piece in plan])
         except Exception as e:  # the model failed: every request of the step fails, the engine stays up
+            self._report_forward()
             for job, _ in plan:
                 self._finish(job, error=e)
             return
         took = time.monotonic_ns() - started
         self._last_step_s = took / 1e9
-        self._notify(self.on_forward, took)
+        self._unreported_ns += took
         self.stats.last_step_tokens = sum(len(p.tokens) for _, p in plan)
         self.stats.steps += 1
+        finished: list[tuple[_Job, EngineResult | None, BaseException | None]] = []
         for job, piece in plan:
             if piece is not job.segment:
                 job.done_tokens += len(piece.tokens)
@@ -248,12 +264,22 @@ class BatchScheduler:
             try:
                 job.segment = job.steps.send(None)
             except StopIteration as done:
-                self._finish(job, result=done.value)
+                finished.append((job, done.value, None))
             except Exception as e:
-                self._finish(job, error=e)
+                finished.append((job, None, e))
+        if finished or time.monotonic() - self._reported_at >= REPORT_EVERY_S:
+            self._report_forward()
+        for job, result, error in finished:
+            self._finish(job, result, error)
         self.stats.kv_bytes = sum(cache_nbytes(job.segment.cache) for job in self._active)
         self.stats.queued = len(self._queue)
         self._notify(self.on_step, self.stats)
+        self._drained_report = not self._active and not self._queue
+
+    def _report_forward(self) -> None:
+        if self._unreported_ns:
+            self._notify(self.on_forward, self._unreported_ns)
+        self._unreported_ns, self._reported_at = 0, time.monotonic()
 
     @staticmethod
     def _notify(callback: Callable | None, value: object) -> None:

@@ -224,11 +224,11 @@ class EngineGauges:
             self._busy.increment(ns)
 
     def update(self, stats: Any) -> None:
-        """`stats`: a trtspec.batching.SchedulerStats. Called after every step; sent at most every
-        MIN_INTERVAL_S, and always when the engine has drained (so an idle engine never shows stale load)."""
+        """`stats`: a trtspec.batching.SchedulerStats. Called after every step and once more when the engine has
+        stayed drained (batching.DRAINED_REPORT_S > MIN_INTERVAL_S), so an idle engine never shows stale load; sent
+        at most every MIN_INTERVAL_S."""
         now = time.monotonic()
-        idle = stats.active == 0 and stats.queued == 0
-        if not idle and now - self._sent_at < self.MIN_INTERVAL_S:
+        if now - self._sent_at < self.MIN_INTERVAL_S:
             return
         self._sent_at = now
         with TRITON_METRICS_LOCK:

@@ -184,6 +184,8 @@ def _layout() -> dict[str, tuple[int, ...]]:
         "draft_n": (k, n),
         "catchup_s": (n,),  # seconds per token the draft model prefills when it catches up after a pause
         "catchup_n": (n,),
+        "since": (s,),  # the deployment's iterations since source s last drafted (any request's)
+        "probe_interval": (s,),  # its iterations between probes of source s (0: probe_every)
     }
 
 
@@ -228,17 +230,18 @@ class Choice:
 
 
 class GoodputController:
-    """Chooses, per iteration of one request, the draft source and k in 0..cap maximising expected tokens per
-    second: (1 + expected accepted tokens) / (draft cost + verify cost at the current load); a plain step
-    (k = 0) yields 1 token per plain-step cost and is always a candidate.
+    """Chooses, per iteration of one request, the draft source and k in 0..cap maximising the deployment's
+    expected tokens per second of engine time: (1 + expected accepted tokens) / (the request's share of a plain
+    step at the current load + what the k draft rows add to that step + the draft-model call); a plain step
+    (k = 0, one token per share) is always a candidate. At one in flight this is the request's own speed.
 
     Acceptance per position per source blends the deployment's estimate (shared by its loop processes) with the
     request's own drafts; the estimate starts pessimistic (acceptance 0 at the first position, each deeper
     position's prior the one before it), so a fresh deployment starts at k = 0. Costs are the loop's own engine
-    calls, timed by k and requests in flight. After `probe_every` iterations without drafting from a source, it
-    is tried once (a probe), so acceptance or load that changes brings drafting back; each probe of the draft
-    model that does not bring it back doubles the request's interval, up to 8 * probe_every (the estimates are shared: other
-    requests probe too)."""
+    calls, timed by k and requests in flight. After `probe_every` of the deployment's iterations (any request's)
+    without drafting from a source, it is tried once (a probe), so acceptance or load that changes brings drafting
+    back; each probe of the draft model that does not bring it back doubles the deployment's interval, up to
+    8 * probe_every."""
 
     def __init__(self, estimates: Estimates, settings: Any):
         """`settings`: trtspec.config.AdaptivePolicy (probe_every, prior_drafts, request_weight, cost_smoothing,
@@ -247,9 +250,6 @@ class GoodputController:
         s = len(ESTIMATED_SOURCES)
         self.reached = np.zeros((s, MAX_POSITIONS))
         self.accepted = np.zeros((s, MAX_POSITIONS))
-        self.since = dict.fromkeys(ESTIMATED_SOURCES, 0)  # iterations since each source last drafted
-        # iterations between probes of a source: doubles with each probe that does not bring it back (up to 8x)
-        self.probe_interval = dict.fromkeys(ESTIMATED_SOURCES, settings.probe_every)
 
     # -------------------------------------------------------------- estimates
 
@@ -279,15 +279,19 @@ class GoodputController:
         return total
 
     @staticmethod
-    def _curve(means: np.ndarray, counts: np.ndarray, n: int, kmax: int, proportional: bool) -> list[float] | None:
+    def _nearest_load(counts: np.ndarray, n: int, min_measured: int = 1) -> int | None:
+        """The load nearest n with at least `min_measured` k measured (n itself first); None if there is none."""
+        loads = np.flatnonzero((counts > 0).sum(axis=0) >= min_measured)
+        return None if loads.size == 0 else int(loads[np.argmin(np.abs(loads - n))])
+
+    @classmethod
+    def _curve(cls, means: np.ndarray, counts: np.ndarray, n: int, kmax: int, proportional: bool) -> list[float] | None:
         """Mean costs of k = 0..kmax at load n. Unmeasured: from the nearest measured load, and across k linearly
         between (or beyond) the two nearest measured k there (one measured k: the same cost, or in proportion to
         k); None when nothing is measured."""
-        if not counts[:, n].any():
-            loads = np.flatnonzero(counts.any(axis=0))
-            if loads.size == 0:
-                return None
-            n = int(loads[np.argmin(np.abs(loads - n))])
+        n = cls._nearest_load(counts, n)
+        if n is None:
+            return None
         col, measured = means[:, n].tolist(), counts[:, n].tolist()
         seen = [k for k, c in enumerate(measured) if c]
         out = []
@@ -302,17 +306,48 @@ class GoodputController:
                 out.append(max(col[k0] + (col[k1] - col[k0]) * (k - k0) / (k1 - k0), 0.0))
         return out
 
+    def verify_costs(self, kmax: int, load: int) -> list[float] | None:
+        """Seconds of a target call verifying k = 0..kmax drafts at `load` in flight. Where that load has fewer
+        than two k measured, a draft row costs what it costs at the nearest load that measured two k (a row costs
+        about the same whoever else is in the step), or else what a request's row adds to a plain step between
+        the lightest and heaviest measured loads; flat only when neither is measured (a probe measures it)."""
+        means, counts, n = self.est.verify_s, self.est.verify_n, load_key(load)
+        col = self._nearest_load(counts, n)
+        if col is None:
+            return None
+        seen = np.flatnonzero(counts[:, col])
+        if seen.size >= 2:
+            return self._curve(means, counts, n, kmax, proportional=False)
+        k0, base = int(seen[0]), float(means[seen[0], col])
+        m = self._nearest_load(counts, n, min_measured=2)
+        plain = np.flatnonzero(counts[0])
+        if m is not None:
+            ks = np.flatnonzero(counts[:, m])
+            per_row = float(means[ks[-1], m] - means[ks[0], m]) / int(ks[-1] - ks[0])
+        elif plain.size >= 2:
+            lo, hi = int(plain[0]), int(plain[-1])
+            per_row = float(means[0, hi] - means[0, lo]) / (hi - lo)
+        else:
+            per_row = 0.0
+        return [max(base + max(per_row, 0.0) * (k - k0), 0.0) for k in range(kmax + 1)]
+
     def verify_cost(self, k: int, load: int) -> float | None:
-        curve = self._curve(self.est.verify_s, self.est.verify_n, load_key(load), k, proportional=False)
+        curve = self.verify_costs(k, load)
         return None if curve is None else curve[k]
 
     def draft_costs(self, kmax: int, load: int, missed: int = 0) -> list[float] | None:
         """Seconds of a draft-model call for k = 0..kmax; `missed`: tokens the draft model has not seen yet (beyond
-        the usual 2, it prefills them first)."""
+        the usual 2, it prefills them first). Measured at a lighter load only, it is scaled as a plain target step
+        slowed from there to this load: the draft model shares the device with the target."""
         n = load_key(load)
         curve = self._curve(self.est.draft_s, self.est.draft_n, n, kmax, proportional=True)
         if curve is None:
             return None
+        m = self._nearest_load(self.est.draft_n, n)
+        if m < n:
+            step_here, step_there = self.verify_cost(0, n), self.verify_cost(0, m)
+            if step_here and step_there:
+                curve = [c * max(1.0, step_here / step_there) for c in curve]
         measured = np.flatnonzero(self.est.catchup_n)
         per_token = float(self.est.catchup_s[measured[np.argmin(np.abs(measured - n))]]) if measured.size else 0.0
         return [0.0] + [c + per_token * max(0, missed - 2) for c in curve[1:]]
@@ -330,10 +365,15 @@ class GoodputController:
         `missed`: tokens the draft model would catch up on. Sources in asking order (the first wins a tie).
         Each candidate's value is its expected tokens per second, acceptance optimistic by its standard error."""
         kmax = max(candidates.values(), default=0)
-        verify = self._curve(self.est.verify_s, self.est.verify_n, load_key(load), kmax, proportional=False)
+        verify = self.verify_costs(kmax, load)
         if verify is None:
             return Choice(None, 0)  # measure a plain step first
-        best, best_value = Choice(None, 0), 1.0 / max(verify[0], 1e-9)
+        # Goodput is the deployment's tokens per second of engine time, not this request's. With n in flight a
+        # plain step is shared by n requests: this request's share of it is step / n. What drafting adds is
+        # never shared: the draft rows lengthen the step every request in it waits for, and the draft model's
+        # call occupies the device (alone at 1 in flight, this is the request's own latency, as it should be).
+        share = verify[0] / load_key(load)
+        best, best_value = Choice(None, 0), 1.0 / max(share, 1e-9)
         draft: list[float] | None = None
         for source, cap in candidates.items():
             if cap <= 0:
@@ -346,16 +386,22 @@ class GoodputController:
             for k, a in enumerate(self.acceptance(source, cap, optimistic=True), start=1):
                 p *= a
                 expected += p
-                cost = verify[k] + (draft[k] if SOURCES[source].needs_draft_model else 0.0)
+                cost = share + max(verify[k] - verify[0], 0.0) + (draft[k] if SOURCES[source].needs_draft_model else 0.0)
                 value = (1.0 + expected) / max(cost, 1e-9)
                 if value > best_value:
                     best, best_value = Choice(source, k), value
+        # Probes are the deployment's, like the estimates they feed: one request's probe informs every request, so a
+        # source is probed after probe_every of the deployment's iterations without it, not after every request's.
+        est, every = self.est, self.settings.probe_every
         if best.source is not None:
-            self.probe_interval[best.source] = self.settings.probe_every
+            est.probe_interval[ESTIMATED_SOURCES.index(best.source)] = every
         for source, cap in candidates.items():
-            if source != best.source and cap > 0 and self.since[source] >= self.probe_interval[source]:
+            si = ESTIMATED_SOURCES.index(source)
+            interval = max(float(est.probe_interval[si]), every)
+            if source != best.source and cap > 0 and est.since[si] >= interval:
+                est.since[si] = 0
                 if SOURCES[source].needs_draft_model:  # prompt lookup's probes cost a verify row, no engine step
-                    self.probe_interval[source] = min(2 * self.probe_interval[source], 8 * self.settings.probe_every)
+                    est.probe_interval[si] = min(2 * interval, 8 * every)
                 good = [a >= 0.5 for a in self.acceptance(source, cap)]
                 depth = good.index(False) if not all(good) else cap
                 return Choice(source, max(1, min(cap, depth + 1)), probe=True)
@@ -373,10 +419,11 @@ class GoodputController:
     ) -> None:
         """One iteration: `proposed` tokens from `source` (None: none), `accepted` of them; the verify call's and
         the draft-model call's seconds (None: not a clean sample, e.g. the request's first call with its prefill)."""
-        for s in self.since:
-            self.since[s] = 0 if s == source and proposed else self.since[s] + 1
         n, est, st = load_key(load), self.est, self.settings
         with est.locked():
+            est.since += 1
+            if source is not None and proposed:
+                est.since[ESTIMATED_SOURCES.index(source)] = 0
             if verify_s is not None:
                 _mean_update(est.verify_s, est.verify_n, (proposed, n), verify_s, st.cost_smoothing)
             if source is None or not proposed:

@@ -10,6 +10,7 @@ and stops a request when its client cancels it.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
@@ -23,6 +24,9 @@ from trtspec.metrics import ControllerGauges, PrometheusExporter
 from trtspec.text import TextCodec
 
 SETTINGS_PARAMETER = "loop_settings"  # the one model parameter: LoopSettings as JSON
+# is_cancelled() is a round trip to the server: asked after a target call once this long
+# has passed since it was last asked, so a client that leaves stops the loop within this or one target call
+CANCEL_CHECK_S = 0.25
 PREFIX_WINDOW = 8  # generated tokens sent back as prefix_ids: enough context for detokenizing a chunk
 
 
@@ -178,13 +182,13 @@ class LoopModel:
         sender = request.get_response_sender()
         try:
             req, text = self.parse(request)
-            last, cancelled, log_probs = None, False, []
+            last, cancelled, log_probs, asked = None, False, [], time.monotonic()
             with self.in_flight.request():
                 for chunk in self.loop.run(req):
                     last = chunk
                     log_probs += chunk.log_probs or []
-                    # checked every iteration: a client that cancels or goes away stops the loop within one target call
-                    cancelled = not chunk.final and sender.is_cancelled()
+                    if not chunk.final and time.monotonic() - asked >= CANCEL_CHECK_S:
+                        cancelled, asked = sender.is_cancelled(), time.monotonic()
                     if chunk.final or cancelled:
                         break
                     if req.stream:
