@@ -223,7 +223,7 @@ def load_shards(args) -> list[dict]:
     seqs = []
     for shard_dir in sorted(args.work.glob(f"gen_s{args.seed}*")):  # every generation run of this seed (--gen-tag)
         for p in sorted(shard_dir.glob("[0-9][0-9][0-9][0-9].pt")):
-            seqs += torch.load(p)
+            seqs += [dict(q, run=shard_dir.name) for q in torch.load(p)]
     return seqs
 
 
@@ -370,11 +370,15 @@ def stage_train(args) -> None:
     n_tok = sum(len(s["ids"]) for s in seqs)
     log(f"data: {len(seqs)} seqs, {n_tok} tokens")
     rng = random.Random(args.seed * 10 + 3)
-    order = list(range(len(seqs)))
+    # Held-out sequences come from the newest generation run: a head started from an earlier run's (--init-from)
+    # has trained on the older ones.
+    newest = max(s["run"] for s in seqs)
+    order = [i for i in range(len(seqs)) if seqs[i]["run"] == newest]
     rng.shuffle(order)
     n_ho = max(2, int(len(seqs) * args.heldout))
-    ho = [seqs[i] for i in order[:n_ho]]
-    tr = [seqs[i] for i in order[n_ho:]]
+    ho_set = set(order[:n_ho])
+    ho = [seqs[i] for i in sorted(ho_set)]
+    tr = [seqs[i] for i in range(len(seqs)) if i not in ho_set]
     ho_batches = make_batches(ho, args.tokens_per_step, random.Random(0))
     head = init_head(cfg, tt, vocab_ids, layers, args.seed)
     w_teacher = tt["model.embed_tokens.weight"][torch.tensor(vocab_ids)]
@@ -383,7 +387,7 @@ def stage_train(args) -> None:
     log(f"head trainable params: {n_params / 1e6:.2f}M; vocab coverage of the data's generated tokens: "
         f"{coverage(seqs, vocab_ids):.3f}")
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    ck_path = args.work / f"head_ckpt_s{args.seed}.pt"
+    ck_path = args.work / f"head_ckpt_s{args.seed}{args.train_tag}.pt"
     step, epoch, pos_in_epoch, history = 0, 0, 0, []
     if ck_path.exists():
         ck = torch.load(ck_path)
@@ -393,6 +397,10 @@ def stage_train(args) -> None:
         args.steps = ck["steps"]
         log(f"resumed at step {step}")
     else:
+        if args.init_from:  # weights only: a new schedule over (more) data, starting from an earlier run's head
+            head.load_state_dict(torch.load(args.init_from)["model"])
+            history.append({"init_from": str(args.init_from)})
+            log(f"initialised from {args.init_from}")
         acc0 = evaluate(head, ho, ho_batches, w_teacher, args.ttt, args.prompt_weight)
         history.append({"step": 0, "heldout_acc": [round(a, 4) for a in acc0]})
         log(f"held-out per-step agreement before training: {acc0}")
@@ -518,6 +526,8 @@ def main() -> None:
     ap.add_argument("--budget-min", type=float, default=0.0,
                     help="wall-time budget for the whole run: generation gets 45%%, training what is left (sizes --steps); "
                          "provenance.json records the counts used, and --gen-limit/--steps replay them without a budget")
+    ap.add_argument("--train-tag", default="", help="checkpoint name suffix of this training run (head_ckpt_s<seed><tag>.pt)")
+    ap.add_argument("--init-from", type=Path, help="start from this training checkpoint's weights (new optimizer and schedule)")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--ttt", type=int, default=3, help="unrolled draft steps in training (training-time test)")
     ap.add_argument("--tokens-per-step", type=int, default=1536)
