@@ -48,6 +48,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from train_draft import CHAT_FORMS, PLAIN_FORMS, TOPICS, _as_ids, encode_chat, lr_at, make_batches, next_tokens  # noqa: E402
 
 from trtspec import demo_pair  # noqa: E402
+from trtspec.bench.prompts import chat as chat_text  # noqa: E402
 from trtspec.checkpoint import default_capture_layers  # noqa: E402
 
 T0 = time.monotonic()
@@ -155,6 +156,14 @@ def generate_batch(model, cap: Capture, prompts: list[list[int]], *, max_new: in
     return seqs
 
 
+def encode_prompt(tok, user: str, system_prompt: bool) -> list[int]:
+    """A chat prompt as the bench sends it (one user turn, no system turn), or through the tokenizer's template
+    (which adds SmolLM2's default system turn: the first 512 sequences of the shipped head were made so)."""
+    if system_prompt:
+        return encode_chat(tok, user)
+    return _as_ids(tok(chat_text(user), add_special_tokens=False)["input_ids"])
+
+
 def make_jobs(tok, args) -> list[dict]:
     rng = random.Random(args.seed * 10 + 1)
     topics = train_topics()
@@ -163,7 +172,7 @@ def make_jobs(tok, args) -> list[dict]:
     jobs = []
     for n, (t, f) in enumerate(pairs[: args.chat]):
         temp = 0.7 if n % 10 < round(10 * args.sampled_share) else 0.0
-        jobs.append({"prompt": encode_chat(tok, f.format(t=t)), "temp": temp, "max_new": args.chat_new, "kind": "chat"})
+        jobs.append({"prompt": encode_prompt(tok, f.format(t=t), args.system_prompt), "temp": temp, "max_new": args.chat_new, "kind": "chat"})
     for _ in range(args.plain):
         t, f = rng.choice(topics), rng.choice(PLAIN_FORMS)
         jobs.append({"prompt": _as_ids(tok(f.format(t=t, T=t[0].upper() + t[1:]))["input_ids"]), "temp": 0.7,
@@ -183,8 +192,8 @@ def stage_gen(args, deadline: float | None) -> None:
     cap = Capture(model, default_capture_layers(model.config.num_hidden_layers))
     eos = tok.convert_tokens_to_ids(demo_pair.EOS_TOKEN)
     gen = torch.Generator().manual_seed(args.seed)
-    jobs = make_jobs(tok, args)[: args.gen_limit]
-    shard_dir = args.work / f"gen_s{args.seed}"
+    jobs = make_jobs(tok, args)[args.gen_skip : args.gen_limit]
+    shard_dir = args.work / f"gen_s{args.seed}{args.gen_tag}"
     shard_dir.mkdir(parents=True, exist_ok=True)
     n_tok, t0 = 0, time.monotonic()
     for i, s in enumerate(range(0, len(jobs), args.gen_batch)):
@@ -211,10 +220,10 @@ def stage_gen(args, deadline: float | None) -> None:
 
 
 def load_shards(args) -> list[dict]:
-    shard_dir = args.work / f"gen_s{args.seed}"
     seqs = []
-    for p in sorted(shard_dir.glob("[0-9][0-9][0-9][0-9].pt")):
-        seqs += torch.load(p)
+    for shard_dir in sorted(args.work.glob(f"gen_s{args.seed}*")):  # every generation run of this seed (--gen-tag)
+        for p in sorted(shard_dir.glob("[0-9][0-9][0-9][0-9].pt")):
+            seqs += [dict(q, run=shard_dir.name) for q in torch.load(p)]
     return seqs
 
 
@@ -277,11 +286,11 @@ def collate(seqs: list[dict], idx: list[int], prompt_weight: float):
     return ids, aux, last, wt, greedy_gen
 
 
-def ttt_forward(head, ids, aux, last, wt, greedy_gen, w_teacher, steps: int, decay: float):
+def ttt_forward(head, ids, aux, last, wt, greedy_gen, w_teacher, steps: int, decay: float, preds: list | None = None):
     """Training-time test: `steps` unrolled draft steps over every position at once. Step s's entry at t sits at
     position t+s with token t+s+1; it attends to the step-0 entries 0..t (causal) and to its own earlier steps
     at t (the diagonal), as drafting from position t with a KV cache does; its label is the target's
-    distribution at position t+s+1."""
+    distribution at position t+s+1. With `preds`, appends each step's argmax draft ids (B, T)."""
     B, T, _ = aux.shape
     a = head.midlayer.self_attn
     g = a.heads // a.kv_heads
@@ -312,6 +321,8 @@ def ttt_forward(head, ids, aux, last, wt, greedy_gen, w_teacher, steps: int, dec
             out = out + p[..., T + r : T + r + 1] * vr
         h = head.finish(out, feat)
         logits = head.logits(h)
+        if preds is not None:
+            preds.append(logits.argmax(-1))
         # labels at positions t+s+1
         n_lab = T - (s + 1)
         w = torch.zeros((B, T))
@@ -359,11 +370,15 @@ def stage_train(args) -> None:
     n_tok = sum(len(s["ids"]) for s in seqs)
     log(f"data: {len(seqs)} seqs, {n_tok} tokens")
     rng = random.Random(args.seed * 10 + 3)
-    order = list(range(len(seqs)))
+    # Held-out sequences come from the newest generation run: a head started from an earlier run's (--init-from)
+    # has trained on the older ones.
+    newest = max(s["run"] for s in seqs)
+    order = [i for i in range(len(seqs)) if seqs[i]["run"] == newest]
     rng.shuffle(order)
     n_ho = max(2, int(len(seqs) * args.heldout))
-    ho = [seqs[i] for i in order[:n_ho]]
-    tr = [seqs[i] for i in order[n_ho:]]
+    ho_set = set(order[:n_ho])
+    ho = [seqs[i] for i in sorted(ho_set)]
+    tr = [seqs[i] for i in range(len(seqs)) if i not in ho_set]
     ho_batches = make_batches(ho, args.tokens_per_step, random.Random(0))
     head = init_head(cfg, tt, vocab_ids, layers, args.seed)
     w_teacher = tt["model.embed_tokens.weight"][torch.tensor(vocab_ids)]
@@ -372,7 +387,7 @@ def stage_train(args) -> None:
     log(f"head trainable params: {n_params / 1e6:.2f}M; vocab coverage of the data's generated tokens: "
         f"{coverage(seqs, vocab_ids):.3f}")
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    ck_path = args.work / f"head_ckpt_s{args.seed}.pt"
+    ck_path = args.work / f"head_ckpt_s{args.seed}{args.train_tag}.pt"
     step, epoch, pos_in_epoch, history = 0, 0, 0, []
     if ck_path.exists():
         ck = torch.load(ck_path)
@@ -382,6 +397,10 @@ def stage_train(args) -> None:
         args.steps = ck["steps"]
         log(f"resumed at step {step}")
     else:
+        if args.init_from:  # weights only: a new schedule over (more) data, starting from an earlier run's head
+            head.load_state_dict(torch.load(args.init_from)["model"])
+            history.append({"init_from": str(args.init_from)})
+            log(f"initialised from {args.init_from}")
         acc0 = evaluate(head, ho, ho_batches, w_teacher, args.ttt, args.prompt_weight)
         history.append({"step": 0, "heldout_acc": [round(a, 4) for a in acc0]})
         log(f"held-out per-step agreement before training: {acc0}")
@@ -496,11 +515,19 @@ def main() -> None:
     ap.add_argument("--plain", type=int, default=150, help="plain-text openers (sampled)")
     ap.add_argument("--chat-new", type=int, default=128)
     ap.add_argument("--gen-limit", type=int, help="decode only the first N prompts (replays a budgeted run)")
+    ap.add_argument("--gen-skip", type=int, default=0, help="skip the first N prompts (an earlier run decoded them)")
+    ap.add_argument("--gen-tag", default="", help="shard directory suffix of this generation run (gen_s<seed><tag>); "
+                    "training reads every gen_s<seed>* directory")
+    ap.add_argument("--system-prompt", action="store_true",
+                    help="encode chat prompts with the tokenizer's template (SmolLM2's default system turn) instead of "
+                         "the bench's one-user-turn format")
     ap.add_argument("--gen-min", type=float, default=0.0, help="wall-time budget for generation; 0 = off")
     ap.add_argument("--train-min", type=float, default=0.0, help="wall-time budget for training; sizes --steps")
     ap.add_argument("--budget-min", type=float, default=0.0,
                     help="wall-time budget for the whole run: generation gets 45%%, training what is left (sizes --steps); "
                          "provenance.json records the counts used, and --gen-limit/--steps replay them without a budget")
+    ap.add_argument("--train-tag", default="", help="checkpoint name suffix of this training run (head_ckpt_s<seed><tag>.pt)")
+    ap.add_argument("--init-from", type=Path, help="start from this training checkpoint's weights (new optimizer and schedule)")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--ttt", type=int, default=3, help="unrolled draft steps in training (training-time test)")
     ap.add_argument("--tokens-per-step", type=int, default=1536)

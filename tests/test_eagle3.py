@@ -116,6 +116,54 @@ def test_in_engine_drafting_is_exact_and_shares_prefixes(demo_pair):
     assert head.length == 7
 
 
+def _training_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "train_eagle3.py"
+    spec = importlib.util.spec_from_file_location("train_eagle3", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_engine_drafts_what_training_predicts(demo_pair):
+    """Train/serve alignment: after each call the engine's draft (capture layers, feature t paired with token t+1,
+    the first step after verification, d2t) is the training forward's argmax at that position, step by step
+    (a later step compared only where the earlier drafts were the committed tokens, as training feeds those)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trtspec.reference_engine import EngineRequest, ReferenceEngine
+
+    train = _training_script()
+    engine = ReferenceEngine(demo_pair.target, device="cpu", eagle3_head=EAGLE3_ASSET_DIR)
+    tok = AutoTokenizer.from_pretrained(demo_pair.target)
+    prompt = tok(PROMPTS[2], add_special_tokens=False)["input_ids"]
+    k, seq, draft, calls = 3, list(prompt), [], []
+    while len(seq) - len(prompt) < 20:
+        r = engine.run(EngineRequest(seq, len(draft) + 1, draft_ids=draft or None, next_draft_len=k))
+        seq, draft = r.tokens, r.next_draft_ids
+        calls.append((len(seq), draft))
+    model = AutoModelForCausalLM.from_pretrained(str(demo_pair.target), dtype=torch.float32).eval()
+    head, layers = eagle3.load_head(EAGLE3_ASSET_DIR, model)
+    cap = train.Capture(model, layers)
+    n = len(seq) - 1
+    preds = []
+    with torch.no_grad():
+        last = model.model(input_ids=torch.tensor([seq])).last_hidden_state[:, :n]
+        train.ttt_forward(head, torch.tensor([seq]), cap.stacked()[:, :n], last, torch.ones(1, n),
+                          torch.ones(1, n, dtype=torch.bool), head.lm_head.weight, k, 0.8, preds)
+    compared = [0] * k
+    for length, d in calls:
+        for s in range(k):
+            if length + s > n or (s > 0 and d[s - 1] != seq[length + s - 1]):
+                break
+            # the draft after `length` committed tokens comes from the entry at position length-2
+            assert d[s] == int(head.to_target(preds[s][0, length - 2])), (length, s)
+            compared[s] += 1
+    assert compared[0] >= 5 and compared[1] >= 1
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     from trtspec.repository import generate_repository
