@@ -20,19 +20,18 @@ class TopLogProbs:
     def from_logits(cls, logits: np.ndarray, n: int, temperature: float | None = None) -> "TopLogProbs":
         """`logits`: [tokens, vocab], one row per emitted position. The distribution is the logits' softmax at the
         request's temperature (unset or 0: 1, as the engines sample); penalties and biases are not in it."""
-        x = np.asarray(logits, dtype=np.float64).reshape(-1, np.shape(logits)[-1])
+        x = np.asarray(logits, dtype=np.float32).reshape(-1, np.shape(logits)[-1])
         if temperature:
-            x = x / temperature
-        finite = np.where(np.isfinite(x), x, -np.inf)
-        m = finite.max(axis=-1, keepdims=True)
-        log_z = m + np.log(np.exp(finite - m).sum(axis=-1, keepdims=True))
+            x = x / np.float32(temperature)
+        m = x.max(axis=-1, keepdims=True)  # the engines' logits are finite, or -inf where a token is masked
+        log_z = m.astype(np.float64) + np.log(np.exp(x - m).sum(axis=-1, keepdims=True, dtype=np.float64))
         n = min(n, x.shape[-1])
-        part = np.argpartition(-finite, n - 1, axis=-1)[:, :n]
+        part = np.argpartition(x, x.shape[-1] - n, axis=-1)[:, -n:]
         # most likely first; among equal logits the lower id first, as argmax (greedy) picks
         ids = np.empty_like(part)
         for r in range(len(part)):
-            ids[r] = part[r][np.lexsort((part[r], -finite[r, part[r]]))]
-        lps = np.take_along_axis(finite, ids, axis=-1) - log_z
+            ids[r] = part[r][np.lexsort((part[r], -x[r, part[r]]))]
+        lps = np.take_along_axis(x, ids, axis=-1).astype(np.float64) - log_z
         return cls(ids.astype(np.int32), lps.astype(np.float32))
 
     @classmethod
