@@ -236,7 +236,9 @@ class SpeculativeLoop:
             in_target.next = [int(x) for x in np.asarray(out.get("next_draft_ids", [])).reshape(-1)]
         new = self._new_tokens(out, len(seq))
         alternatives = None
-        if top:
+        if top and not new:  # the end token came first: no emitted position (engines may return no logits)
+            alternatives = TopLogProbs.empty(top)
+        elif top:
             g = out.get("generation_logits")
             rows = None if g is None else np.asarray(g).reshape(-1, np.shape(g)[-1])
             if rows is None or len(rows) < len(new):
