@@ -96,6 +96,54 @@ def test_log_probs_are_the_targets_with_and_without_speculation(engines):
     assert not [c.log_probs for c in spec.run(LoopRequest(prompt=[0, 3], max_tokens=4)) if c.log_probs is not None]
 
 
+def test_top_log_probs_are_the_targets_at_each_position_with_and_without_speculation(engines):
+    """top_log_probs: per emitted token the target's N most likely tokens at its position, from the verify call's
+    generation logits (row i is the distribution new[i] came from), the same whoever drafted; only when asked."""
+    spec = SpeculativeLoop(loop_settings(max_draft_len=8), _engine_call(engines))
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
+    same = SpeculativeLoop(loop_settings(max_draft_len=8), _engine_call(
+        {"tensorrt_llm": engines["tensorrt_llm"], "tensorrt_llm_draft": engines["tensorrt_llm"]}))
+    prompt, n = [0, 2, 2, 7, 9], 5
+
+    def run(loop, **kw):
+        chunks = list(loop.run(LoopRequest(prompt=prompt, max_tokens=12, return_log_probs=True, top_log_probs=n, **kw)))
+        assert all(len(c.top) == len(c.new_tokens) for c in chunks)
+        tokens = [t for c in chunks for t in c.new_tokens]
+        ids = np.concatenate([c.top.ids for c in chunks])
+        lps = np.concatenate([c.top.log_probs for c in chunks])
+        return tokens, [lp for c in chunks for lp in c.log_probs], ids, lps, chunks[-1].stats
+
+    want, want_lp, want_ids, want_top, _ = run(base)
+    assert want_ids.shape == want_top.shape == (12, n)
+    # greedy: the emitted token is the most likely one, with the log probability output_log_probs gives it
+    assert want_ids[:, 0].tolist() == want
+    assert np.allclose(want_top[:, 0], want_lp, atol=1e-4)
+    assert (np.diff(want_top, axis=1) <= 0).all()
+    for loop in (spec, same):  # a draft that is mostly rejected, and one that is always accepted
+        got, _, ids, top, stats = run(loop, num_draft_tokens=3)
+        assert got == want and stats.num_drafts > 0 and stats.total_accepted_draft_tokens > 0
+        assert (ids == want_ids).all()
+        assert np.allclose(top, want_top, atol=1e-4)
+    target, seq = engines["tensorrt_llm"], list(prompt)
+    for i, token in enumerate(want[:4]):  # the distribution at each position, from the full context
+        row = target.run(EngineRequest(seq, output_len=1, return_context_logits=True)).context_logits[-1].astype(np.float64)
+        log_p = row - row.max() - np.log(np.exp(row - row.max()).sum())
+        assert want_ids[i].tolist() == np.argsort(-log_p, kind="stable")[:n].tolist()
+        assert np.allclose(want_top[i], log_p[want_ids[i]], atol=1e-4)
+        seq.append(token)
+    # at a temperature, of the scaled distribution
+    hot = list(spec.run(LoopRequest(prompt=prompt, max_tokens=3, temperature=2.0, seed=1, top_log_probs=2)))
+    assert all(len(c.top) == len(c.new_tokens) for c in hot)
+    row = target.run(EngineRequest(list(prompt), output_len=1, return_context_logits=True)).context_logits[-1] / 2.0
+    log_p = row - row.max() - np.log(np.exp(row - row.max()).sum())
+    assert np.allclose(hot[0].top.log_probs[0], np.sort(log_p)[::-1][:2], atol=1e-4)
+    # not asked: none, and the target is never asked for its logits
+    asked = []
+    plain = SpeculativeLoop(loop_settings(max_draft_len=8), lambda m, t, w: asked.append(w) or _engine_call(engines)(m, t, w))
+    assert all(c.top is None for c in plain.run(LoopRequest(prompt=prompt, max_tokens=4, num_draft_tokens=2)))
+    assert asked and not any("generation_logits" in w for w in asked)
+
+
 def test_target_as_own_draft_accepts_everything(engines):
     same = {"tensorrt_llm": engines["tensorrt_llm"], "tensorrt_llm_draft": engines["tensorrt_llm"]}
     loop = SpeculativeLoop(loop_settings(), _engine_call(same))

@@ -21,6 +21,7 @@ MAX_TOKENS = 12
 MAX_INPUT_LEN = 256
 QUESTION = "What is the capital of France?"
 COUNTING = "Count from one to one hundred: one, two, three, four,"
+TOP = 3  # top_logprobs asked in the tests
 
 
 # ------------------------------------------------------------------------------------------ fast, no server
@@ -252,9 +253,10 @@ def test_errors_have_the_openai_shape_and_the_server_stays_healthy(api, client, 
     _assert_error(api, 400, {**ok, "num_draft_tokens": 99}, "num_draft_tokens", says="max_draft_len (4)")
     _assert_error(api, 400, {**ok, "messages": [{"role": "wizard", "content": "x"}]}, says="messages.0.role")
     _assert_error(api, 400, {**ok, "messages": []}, "messages")
-    _assert_error(api, 400, {**ok, "logprobs": True, "top_logprobs": 2}, "top_logprobs", says="alternatives per token")
+    _assert_error(api, 400, {**ok, "logprobs": True, "top_logprobs": 21}, "top_logprobs", says="less than or equal to 20")
+    _assert_error(api, 400, {**ok, "top_logprobs": 2}, says="top_logprobs needs logprobs: true")
     text_ok = {"model": name, "prompt": "Hi", "max_tokens": 4}
-    _assert_error(api, 400, {**text_ok, "logprobs": 2}, "logprobs", says="alternatives per token", path="/completions")
+    _assert_error(api, 400, {**text_ok, "logprobs": 6}, "logprobs", says="less than or equal to 5", path="/completions")
     _assert_error(api, 400, {**text_ok, "logprobs": 0, "echo": True}, says="echo with logprobs", path="/completions")
     _assert_error(api, 400, {**ok, "tools": [{"type": "function"}]}, says="tools is not supported")
     # non-finite numbers are not JSON, but Python's json writes them: still a 400
@@ -319,7 +321,8 @@ def test_echo_returns_the_prompt_before_the_completion(client, name, stream) -> 
 @pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_logprobs_are_the_targets_and_equal_the_baselines(client, name, stream) -> None:
-    kwargs = dict(messages=[{"role": "user", "content": QUESTION}], max_tokens=MAX_TOKENS, temperature=0, logprobs=True)
+    kwargs = dict(messages=[{"role": "user", "content": QUESTION}], max_tokens=MAX_TOKENS, temperature=0, logprobs=True,
+                  top_logprobs=TOP)
 
     def run(model: str) -> tuple[str, list]:
         if not stream:
@@ -337,7 +340,21 @@ def test_chat_logprobs_are_the_targets_and_equal_the_baselines(client, name, str
     assert [t.token for t in spec] == [t.token for t in base]
     assert "".join(t.token for t in spec).startswith(text) or text.startswith("".join(t.token for t in spec)[: len(text)])
     assert np.allclose([t.logprob for t in spec], [t.logprob for t in base], atol=1e-3)
-    assert all(t.logprob <= 0 and t.top_logprobs == [] and bytes(t.bytes).decode() == t.token for t in spec)
+    assert all(t.logprob <= 0 and bytes(t.bytes).decode() == t.token for t in spec)
+    # the target's TOP most likely tokens at each position: the baseline's, and the emitted token among them
+    assert [[a.token for a in t.top_logprobs] for t in spec] == [[a.token for a in t.top_logprobs] for t in base]
+    assert np.allclose([[a.logprob for a in t.top_logprobs] for t in spec],
+                       [[a.logprob for a in t.top_logprobs] for t in base], atol=1e-3)
+    for t in spec:
+        assert len(t.top_logprobs) == TOP and t.top_logprobs[0].logprob >= t.top_logprobs[-1].logprob
+        assert any(a.token == t.token and abs(a.logprob - t.logprob) < 1e-3 for a in t.top_logprobs), t
+
+
+@pytest.mark.slow
+def test_chat_logprobs_without_top_logprobs_have_no_alternatives(client, name) -> None:
+    c = client.chat.completions.create(model=name, messages=[{"role": "user", "content": QUESTION}], max_tokens=3,
+                                       temperature=0, logprobs=True).choices[0]
+    assert c.logprobs.content and all(t.top_logprobs == [] for t in c.logprobs.content)
 
 
 @pytest.mark.slow
@@ -347,7 +364,26 @@ def test_completion_logprobs_line_up_with_the_text(client, name) -> None:
     lp = c.logprobs
     assert "".join(lp.tokens) == c.text and len(lp.token_logprobs) == len(lp.tokens) > 0
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
-    assert all(x <= 0 for x in lp.token_logprobs)
+    assert all(x <= 0 for x in lp.token_logprobs) and lp.top_logprobs is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_top_logprobs_equal_the_baselines(client, name, stream) -> None:
+    kwargs = dict(prompt="The capital of France is", max_tokens=MAX_TOKENS, temperature=0, logprobs=TOP)
+
+    def run(model: str) -> tuple[list[str], list[float], list[dict[str, float]]]:
+        parts = ([client.completions.create(model=model, **kwargs)] if not stream else
+                 list(client.completions.create(model=model, stream=True, **kwargs)))
+        lps = [c.choices[0].logprobs for c in parts if c.choices and c.choices[0].logprobs]
+        return ([t for lp in lps for t in lp.tokens], [x for lp in lps for x in lp.token_logprobs],
+                [d for lp in lps for d in lp.top_logprobs])
+
+    (tokens, lps, tops), (base_tokens, _, base_tops) = run(name), run(f"{name}-baseline")
+    assert tokens == base_tokens and len(tops) == len(tokens) > 0
+    for token, lp, top, base in zip(tokens, lps, tops, base_tops):
+        assert list(top) == list(base) and np.allclose(list(top.values()), list(base.values()), atol=1e-3)
+        assert 0 < len(top) <= TOP and abs(top[token] - lp) < 1e-3  # the emitted (greedy) token among them
 
 
 def test_the_openapi_document_lists_the_errors_the_server_sends() -> None:

@@ -7,7 +7,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtspec.contract import REQUEST_FIELDS, RESPONSE_STATS, nvidia
+from trtspec.contract import REQUEST_FIELDS, RESPONSE_OUTPUTS, RESPONSE_STATS, nvidia
 from trtspec.loop import LoopSettings
 from trtspec.config import parse_config
 from trtspec.contract import nvidia
@@ -134,11 +134,12 @@ def test_loop_and_ensemble_interfaces_come_from_the_contract(repos):
     assert ens_in == {n for f in REQUEST_FIELDS for n in (f.name, *f.aliases)}
     assert {n for f in REQUEST_FIELDS for n in f.names} <= loop_in
     stats = {s.name for s in RESPONSE_STATS}
+    outputs = {o.name for o in RESPONSE_OUTPUTS}
     for name in ("ensemble", "baseline", "speculative", "baseline_loop"):
-        assert stats <= {t.name for t in models[name].output}
+        assert stats | outputs <= {t.name for t in models[name].output}
     assert _io(models["baseline"]) == _io(models["ensemble"])
     nvidia_out = {t.name for t in nvidia.model_io(nvidia.supported_versions()[-1], "ensemble").outputs}
-    assert {t.name for t in models["ensemble"].output} == stats | nvidia_out | {"output_ids", "sequence_length"}
+    assert {t.name for t in models["ensemble"].output} == stats | outputs | nvidia_out | {"output_ids", "sequence_length"}
 
 
 def _loop_settings(config):

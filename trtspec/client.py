@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from trtspec.contract import REQUEST_FIELDS, RESPONSE_STATS, field_by_name
+from trtspec.logprobs import TopLogProbs
 from trtspec.metrics import SpecStats
 
 STAT_NAMES = tuple(s.name for s in RESPONSE_STATS)
@@ -32,6 +33,7 @@ class Chunk:
     time: float  # perf_counter when the chunk arrived
     stats: SpecStats | None = None  # the request's running statistics (the last chunk's are the final ones)
     log_probs: list[float] | None = None  # the target's, of token_ids (with return_log_probs)
+    top: TopLogProbs | None = None  # the target's most likely tokens at token_ids' positions (with top_log_probs)
 
 
 @dataclass
@@ -118,7 +120,7 @@ class Client:
             raise ClientError(f"cannot reach {self.url}: {e.reason}") from None
         with resp:
             if not fields["stream"]:
-                yield _chunk(json.loads(resp.read()))
+                yield _chunk(json.loads(resp.read()), fields.get("top_log_probs", 0))
                 return
             for raw in resp:
                 line = raw.decode("utf-8").strip()
@@ -127,7 +129,7 @@ class Client:
                 body = json.loads(line[5:])
                 if "error" in body:
                     raise ClientError(body["error"])
-                yield _chunk(body)
+                yield _chunk(body, fields.get("top_log_probs", 0))
             # iterating a chunked response also ends quietly when the connection is cut (a server that died
             # mid-stream); only a stream that had its last chunk leaves http.client's chunk_left at None
             if resp.chunked and resp.chunk_left is not None:
@@ -193,6 +195,7 @@ def grpc_chunk(result: Any, t: float) -> Chunk | None:
         t,
         _stats(values),
         log_probs(result.as_numpy("output_log_probs")),
+        top_log_probs(result.as_numpy),
     )
 
 
@@ -201,11 +204,23 @@ def log_probs(value: Any) -> list[float] | None:
     return None if value is None else [float(x) for x in np.asarray(value, dtype=np.float64).reshape(-1)]
 
 
-def _chunk(body: dict[str, Any]) -> Chunk:
+def top_log_probs(get: Any) -> TopLogProbs | None:
+    """output_top_ids and output_top_log_probs of a response (`get(name)`: the output or None) as TopLogProbs."""
+    ids, lps = get("output_top_ids"), get("output_top_log_probs")
+    if ids is None or lps is None:
+        return None
+    ids, lps = np.asarray(ids, dtype=np.int32), np.asarray(lps, dtype=np.float32)
+    n = ids.shape[-1] if ids.ndim else 0
+    return TopLogProbs(ids.reshape(-1, n), lps.reshape(-1, n))
+
+
+def _chunk(body: dict[str, Any], top_n: int = 0) -> Chunk:
+    """`top_n`: the request's top_log_probs (Triton's generate endpoint flattens the [tokens, N] outputs)."""
     ids = body.get("output_ids", [])
     ids = ids if isinstance(ids, list) else [ids]
+    top = top_log_probs(lambda k: None if k not in body else np.asarray(body[k]).reshape(-1, top_n)) if top_n else None
     return Chunk(body.get("text_output", ""), [int(x) for x in np.asarray(ids).reshape(-1)], time.perf_counter(), _stats(body),
-                 log_probs(body.get("output_log_probs")))
+                 log_probs(body.get("output_log_probs")), top)
 
 
 def _http_error(e: urllib.error.HTTPError) -> str:

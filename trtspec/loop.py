@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from trtspec.config import SpeculativeConfig
 from trtspec.contract import REQUEST_FIELDS, RequestError
 from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target
+from trtspec.logprobs import TopLogProbs
 from trtspec.metrics import SpecStats
 from trtspec.speculative import Estimates, GoodputController, draft_len_at_load, find_stop, fixed_draft_len
 from trtspec.triton_io import to_words_list
@@ -85,6 +86,7 @@ class LoopRequest:
     return_num_input_tokens: bool | None = None
     return_num_output_tokens: bool | None = None
     return_log_probs: bool | None = None  # the target's log-probability of each token it emits
+    top_log_probs: int | None = None  # N: the target's N most likely tokens at each emitted position
 
 
 @dataclass
@@ -96,6 +98,7 @@ class Step:
     stats: SpecStats
     final: bool = False
     log_probs: list[float] | None = None  # of new_tokens, from the target (with return_log_probs)
+    top: TopLogProbs | None = None  # at new_tokens' positions, from the target (with top_log_probs)
 
 
 def validate(req: LoopRequest, settings: LoopSettings) -> None:
@@ -197,9 +200,10 @@ class SpeculativeLoop:
 
     def _verify(
         self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray], min_tokens: int, log_probs: bool = False,
-        in_target: TargetDrafter | None = None, next_k: int = 0,
-    ) -> tuple[list[int], list[float] | None]:
-        """The target's new tokens, and with `log_probs` its log-probability of each (TensorRT-LLM's output_log_probs).
+        in_target: TargetDrafter | None = None, next_k: int = 0, top: int = 0, temperature: float | None = None,
+    ) -> tuple[list[int], list[float] | None, TopLogProbs | None]:
+        """The target's new tokens, and with `log_probs` its log-probability of each (TensorRT-LLM's output_log_probs),
+        with `top` its `top` most likely tokens at each new token's position (from its generation_logits).
         `common`: the request's sampling and stop-word tensors, built once per request; `min_tokens`: how many
         more tokens the request must generate before the end token may come (each call is a new engine request);
         `in_target`: the drafter that takes the target's draft for the next call (next_k tokens) from this answer."""
@@ -219,6 +223,11 @@ class SpeculativeLoop:
         if log_probs:
             tensors["return_log_probs"] = np.array([[True]])
             wanted.append("output_log_probs")
+        if top:
+            # TensorRT-LLM fills generation_logits' first rows with the verify logits of positions len(seq) ..
+            # len(seq) + k in order (copyLastContextLogits), so row i is the distribution new[i] was chosen from
+            tensors["return_generation_logits"] = np.array([[True]])
+            wanted.append("generation_logits")
         if in_target is not None and next_k:
             tensors["next_draft_len"] = _i32(next_k)
             wanted.append("next_draft_ids")
@@ -226,11 +235,21 @@ class SpeculativeLoop:
         if in_target is not None:
             in_target.next = [int(x) for x in np.asarray(out.get("next_draft_ids", [])).reshape(-1)]
         new = self._new_tokens(out, len(seq))
+        alternatives = None
+        if top and not new:  # the end token came first: no emitted position (engines may return no logits)
+            alternatives = TopLogProbs.empty(top)
+        elif top:
+            g = out.get("generation_logits")
+            rows = None if g is None else np.asarray(g).reshape(-1, np.shape(g)[-1])
+            if rows is None or len(rows) < len(new):
+                raise EngineCallError(f"{self.settings.target_model} returned {0 if rows is None else len(rows)} rows of "
+                                      f"generation_logits for {len(new)} new tokens (top_log_probs needs one per token)")
+            alternatives = TopLogProbs.from_logits(rows[: len(new)], top, temperature)
         if not log_probs:
-            return new, None
+            return new, None, alternatives
         if "output_log_probs" not in out:
             raise EngineCallError(f"{self.settings.target_model} returned no output_log_probs for return_log_probs")
-        return new, [float(x) for x in np.asarray(out["output_log_probs"]).reshape(-1)[: len(new)]]
+        return new, [float(x) for x in np.asarray(out["output_log_probs"]).reshape(-1)[: len(new)]], alternatives
 
     # -------------------------------------------------------------- the loop
 
@@ -307,9 +326,9 @@ class SpeculativeLoop:
             draft = proposal.tokens
             stats.load_paused_iterations += bool(lookup_only and k and not draft)  # the model would have drafted
             t0 = time.perf_counter()
-            new, log_probs = self._verify(
+            new, log_probs, top = self._verify(
                 seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), bool(req.return_log_probs),
-                in_target, k_req,
+                in_target, k_req, req.top_log_probs or 0, req.temperature,
             )
             verify_s = time.perf_counter() - t0
             accepted = 0
@@ -333,6 +352,7 @@ class SpeculativeLoop:
             before = list(generated)
             generated += new
             seq += new
-            yield Step(new, before, stats, final=done, log_probs=None if log_probs is None else log_probs[: len(new)])
+            yield Step(new, before, stats, final=done, log_probs=None if log_probs is None else log_probs[: len(new)],
+                       top=None if top is None else top.head(len(new)))
             if done:
                 return

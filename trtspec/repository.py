@@ -27,7 +27,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from trtspec.config import BuildConfig, EngineKind, checkpoint_path
 from trtspec.drafters import drafts_in_target
 from trtspec.reference_engine.tensor_io import NEXT_DRAFT_IDS, NEXT_DRAFT_LEN
-from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_STATS, nvidia
+from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_OUTPUTS, RESPONSE_STATS, nvidia
 from trtspec.loop import LoopSettings
 from trtspec.pipeline.preflight import plan_max_num_tokens
 from trtspec.triton.loop_model import settings_parameter
@@ -87,10 +87,12 @@ def _contract(version: str | None, model: str) -> nvidia.ModelIO:
 
 
 def _outputs(config: mc.ModelConfig, nvidia_model: str, version: str | None) -> None:
-    """trtspec's statistics, then every output NVIDIA's `nvidia_model` declares in `version` that is not declared yet
+    """trtspec's statistics and outputs, then every output NVIDIA's `nvidia_model` declares in `version` that is not declared yet
     (those the loop cannot compute are never sent, as TensorRT-LLM leaves out outputs a request did not enable)."""
     for s in RESPONSE_STATS:
         _add_tensor(config.output, s.name, s.dtype, (-1,) if s.vector else (1,))
+    for o in RESPONSE_OUTPUTS:
+        _add_tensor(config.output, o.name, o.dtype, o.dims)
     for t in _contract(version, nvidia_model).outputs:
         if not any(o.name == t.name for o in config.output):
             t.to_pb(config.output.add())

@@ -6,6 +6,7 @@ loop model takes it under TensorRT-LLM's tensor name (`top_k` -> `runtime_top_k`
 `SpecStats` and in Prometheus (with its counter name in the row).
 
 Adding a statistic: one row in RESPONSE_STATS plus its computation in `trtspec.metrics.SpecStats`.
+RESPONSE_OUTPUTS are the outputs trtspec adds to NVIDIA's, per generated token, when a request asks for them.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def _unit_interval(v: float) -> str | None:
 
 def _finite(v: float) -> str | None:
     return None if math.isfinite(v) else "must be a finite number"
+
+
+def _between(lo: int, hi: int) -> Check:
+    return lambda v: None if lo <= v <= hi else f"must be between {lo} and {hi}"
 
 
 def _only(value: Any, why: str) -> Check:
@@ -102,6 +107,9 @@ def _choice(name: str, choices: tuple[str, ...], doc: str) -> RequestField:
     return RequestField(name, "STRING", doc, loop_input=name, check=_one_of(choices), choices=choices)
 
 
+# the most alternatives per token a request may ask for (OpenAI's limit for chat's top_logprobs)
+MAX_TOP_LOG_PROBS = 20
+
 REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField("text_input", "STRING", "the prompt", required=True),
     RequestField("max_tokens", "INT32", "tokens to generate at most", required=True, check=_at_least(1)),
@@ -142,6 +150,9 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField("num_return_sequences", "INT32", "1", check=_only(1, "one sequence per request")),
     RequestField("return_log_probs", "BOOL", "return output_log_probs (the target's log-probability of each token it "
                  "emits, the same with and without speculation) and cum_log_probs", loop_input="return_log_probs"),
+    RequestField("top_log_probs", "INT32", f"N (at most {MAX_TOP_LOG_PROBS}): return output_top_ids and output_top_log_probs, "
+                 "the target's N most likely tokens at each generated token's position (0: none)",
+                 loop_input="top_log_probs", check=_between(0, MAX_TOP_LOG_PROBS)),
     RequestField("return_context_logits", "BOOL", "false",
                  check=_only(False, "logits are not returned with speculative decoding, as in NVIDIA's BLS")),
     RequestField("return_generation_logits", "BOOL", "false",
@@ -223,4 +234,24 @@ RESPONSE_STATS: tuple[Stat, ...] = (
          counter="spec_decode_num_iterations_by_draft_len", label="draft_len"),
     Stat("accepted_by_source", "INT32", "accepted draft tokens by the drafter that proposed them (drafters.SOURCES order)",
          vector=True, counter="spec_decode_num_accepted_tokens_by_source", label="source"),
+)
+
+
+@dataclass(frozen=True)
+class Output:
+    """An output trtspec adds to NVIDIA's: sent only to a request that asks for it (as TensorRT-LLM leaves out
+    outputs a request did not enable)."""
+
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+    doc: str
+
+
+RESPONSE_OUTPUTS: tuple[Output, ...] = (
+    Output("output_top_ids", "INT32", (-1, -1), "with top_log_probs N: [tokens, N], per generated token the target's N "
+           "most likely tokens at its position, most likely first (from the target's generation logits at the "
+           "request's temperature; penalties and biases are not in them)"),
+    Output("output_top_log_probs", "FP32", (-1, -1), "with top_log_probs N: [tokens, N], the log-probabilities of "
+           "output_top_ids"),
 )

@@ -21,6 +21,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trtspec.client import request_fields
+from trtspec.logprobs import TopLogProbs
 from trtspec.metrics import SpecStats
 from trtspec.openai.backend import TritonBackend, TritonStream, unavailable
 from trtspec.openai.protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, OpenAIError, _GenerationRequest
@@ -53,31 +54,42 @@ class _Output:
         self.matcher, self.max_tokens = StopMatcher(stops), max_tokens
         self.ids: list[int] = []
         self.log_probs: list[float] = []  # the target's, of ids (when the request asked for them)
+        self.tops: list[TopLogProbs] = []  # the target's most likely tokens at ids' positions (top_logprobs)
         self.text = ""
         self.stats: dict[str, Any] = {}  # the latest statistics, as the wire names them (trtspec.contract)
 
-    async def deltas(self, stream: TritonStream) -> AsyncIterator[tuple[str, list[int], list[float]]]:
-        """(text, token ids, their log probs) per response; ends at a stop string and then cancels the rest in Triton."""
+    async def deltas(self, stream: TritonStream) -> AsyncIterator[tuple[str, list[int], list[float], TopLogProbs | None]]:
+        """(text, token ids, their log probs, the most likely tokens at their positions) per response; ends at a stop
+        string and then cancels the rest in Triton."""
         try:
             async for chunk in stream:
                 self.ids += chunk.token_ids
                 self.log_probs += chunk.log_probs or []
+                self.tops += [chunk.top] if chunk.top is not None else []
                 self.stats = chunk.stats.to_wire() if chunk.stats is not None else self.stats
                 text = self.matcher.feed(chunk.text)
                 self.text += text
-                yield text, chunk.token_ids, chunk.log_probs or []
+                yield text, chunk.token_ids, chunk.log_probs or [], chunk.top
                 if self.matcher.stopped:
                     return
             tail = self.matcher.flush()
             self.text += tail
             if tail:
-                yield tail, [], []
+                yield tail, [], [], None
         finally:
             stream.cancel()
 
     @property
     def finish_reason(self) -> str:
         return "stop" if self.matcher.stopped or len(self.ids) < self.max_tokens else "length"
+
+
+def _first_per_text(row: list[tuple[str, float]]) -> dict[str, float]:
+    """{text: log prob}, most likely first; of tokens that decode to the same text, the most likely one's."""
+    out: dict[str, float] = {}
+    for text, lp in row:
+        out.setdefault(text, lp)
+    return out
 
 
 class _Reply:
@@ -88,14 +100,20 @@ class _Reply:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
-    def logprobs(self, tokens: list[str], log_probs: list[float], offset: int) -> dict[str, Any]:
+    def logprobs(self, tokens: list[str], log_probs: list[float], offset: int,
+                 tops: list[list[tuple[str, float]]] | None = None) -> dict[str, Any]:
         """OpenAI's logprobs object for these tokens (decoded one by one) and the target's log probs of them;
-        `offset`: where the first token starts in the choice's text (completions' text_offset)."""
+        `offset`: where the first token starts in the choice's text (completions' text_offset); `tops`: per token,
+        the most likely tokens at its position (decoded) and their log probs."""
         if self.chat:
-            return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-                                for t, lp in zip(tokens, log_probs)], "refusal": None}
+            return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")),
+                                 "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode("utf-8"))}
+                                                  for a, alp in (tops[i] if tops else [])]}
+                                for i, (t, lp) in enumerate(zip(tokens, log_probs))], "refusal": None}
         offsets = [offset + sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
-        return {"tokens": tokens, "token_logprobs": log_probs, "top_logprobs": None, "text_offset": offsets}
+        # the legacy API keys alternatives by text: tokens that decode alike keep the most likely one's
+        top = [_first_per_text(row) for row in tops] if tops else None
+        return {"tokens": tokens, "token_logprobs": log_probs, "top_logprobs": top, "text_offset": offsets}
 
     def choice(self, text: str, ids: list[int] | None, finish_reason: str | None, delta: bool, index: int = 0,
                logprobs: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
@@ -217,7 +235,7 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
                 temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=seed,
                 stop_words=list(req.stop or []) or None, draft_source=req.draft_source,
                 draft_length_policy=req.draft_length_policy, min_tokens=req.min_tokens,
-                return_log_probs=True if req.wants_log_probs else None,
+                return_log_probs=True if req.wants_log_probs else None, top_log_probs=req.top_log_probs or None,
             )
             if req.ignore_eos:
                 fields["end_id"] = None
@@ -239,13 +257,15 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
             total = SpecStats.total(SpecStats.from_wire(o.stats) for o in outs)
             return total.to_wire() | {"acceptance_rate": total.acceptance_rate}
 
-        def token_logprobs(ids: list[int], lps: list[float], offset: int) -> dict[str, Any] | None:
+        def token_logprobs(ids: list[int], lps: list[float], offset: int, top: TopLogProbs | None) -> dict[str, Any] | None:
             if not req.wants_log_probs:
                 return None
-            return reply.logprobs([backend.tokenizer.decode([t]) for t in ids], lps, offset)
+            decode = lambda t: backend.tokenizer.decode([t])  # noqa: E731
+            tops = [[(decode(a), lp) for a, lp in row] for row in top.rows()[: len(ids)]] if top is not None else None
+            return reply.logprobs([decode(t) for t in ids], lps, offset, tops)
 
         def per_choice(i: int) -> dict[str, Any]:
-            extra = {"logprobs": token_logprobs(outs[i].ids, outs[i].log_probs, len(echo))}
+            extra = {"logprobs": token_logprobs(outs[i].ids, outs[i].log_probs, len(echo), TopLogProbs.concat(outs[i].tops))}
             return extra | ({"speculative": outs[i].stats} if len(outs) > 1 else {})
 
         try:
@@ -298,10 +318,10 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
         async def events() -> AsyncIterator[str]:
             sent = [0] * len(outs)  # characters of each choice's text sent so far (completions' text_offset)
 
-            def chunk(i: int, text: str, ids: list[int], lps: list[float], finish: str | None = None, prefix: str = "",
-                      **extra: Any) -> str:
+            def chunk(i: int, text: str, ids: list[int], lps: list[float], top: TopLogProbs | None = None,
+                      finish: str | None = None, prefix: str = "", **extra: Any) -> str:
                 """`prefix`: text sent before this chunk's tokens in the same chunk (the echoed prompt)."""
-                logprobs = token_logprobs(ids, lps, sent[i] + len(prefix)) if ids else None
+                logprobs = token_logprobs(ids, lps, sent[i] + len(prefix), top) if ids else None
                 text = prefix + text
                 sent[i] += len(text)
                 return json.dumps(reply.envelope([reply.choice(text, ids, finish, delta=True, index=i, logprobs=logprobs)],
@@ -310,11 +330,11 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
             try:
                 for i, first in enumerate(firsts):
                     if echo or first is not None:
-                        text, ids, lps = first if first is not None else ("", [], [])
-                        yield chunk(i, text, ids, lps, prefix=echo)
+                        text, ids, lps, top = first if first is not None else ("", [], [], None)
+                        yield chunk(i, text, ids, lps, top, prefix=echo)
                 async for i, item in merged():
                     if item is None:  # the choice's last chunk: why it ended and its acceptance figures
-                        yield chunk(i, "", [], [], outs[i].finish_reason, speculative=outs[i].stats)
+                        yield chunk(i, "", [], [], None, outs[i].finish_reason, speculative=outs[i].stats)
                     elif item[0] or item[1]:
                         yield chunk(i, *item)
                 if req.include_usage:

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
-from trtspec.client import STAT_NAMES, Chunk, _stats, infer_input, log_probs
+from trtspec.client import STAT_NAMES, Chunk, _stats, infer_input, log_probs, top_log_probs
 from trtspec.contract import REQUEST_FIELDS, RequestError, field_by_name
 from trtspec.loop import LoopSettings
 from trtspec.openai.protocol import OpenAIError
@@ -196,7 +196,8 @@ class TritonStream:
                 continue  # an empty final response
             ids, prefix = ([int(x) for x in result.as_numpy(n).reshape(-1)] for n in ("output_ids", "prefix_ids"))
             stats = _stats({k: result.as_numpy(k) for k in STAT_NAMES})
-            return Chunk(self._detokenize(prefix, ids), ids, t, stats, log_probs(result.as_numpy("output_log_probs")))
+            return Chunk(self._detokenize(prefix, ids), ids, t, stats, log_probs(result.as_numpy("output_log_probs")),
+                         top_log_probs(result.as_numpy))
 
     def cancel(self) -> None:
         self._responses.cancel()

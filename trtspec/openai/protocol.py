@@ -1,6 +1,6 @@
 """OpenAI request bodies (pydantic) with trtspec's speculation controls as extra fields, and the error shape.
 
-Only what the deployment can honour is accepted: a value it cannot serve (logprobs, tools) is a 400 naming
+Only what the deployment can honour is accepted: a value it cannot serve (tools, echo with logprobs) is a 400 naming
 the field, never silently ignored. Unknown fields are allowed, as OpenAI clients send fields this server does
 not need (`user`, `metadata`, ...).
 """
@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trtspec.contract import RequestError, field_by_name
+from trtspec.contract import MAX_TOP_LOG_PROBS, RequestError, field_by_name
 
 
 class OpenAIError(Exception):
@@ -32,8 +32,8 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-# why alternatives per token are refused: the engines return the emitted token's log probability only
-NO_ALTERNATIVES = "alternatives per token are not returned (the target returns the log-probability of the token it emits, TensorRT-LLM's output_log_probs)"
+# OpenAI's legacy completions API returns at most this many alternatives per token (its `logprobs`)
+MAX_COMPLETION_LOG_PROBS = 5
 MAX_CHOICES = 16  # n: choices per request, each a request of its own to the deployment
 
 
@@ -126,6 +126,11 @@ class _GenerationRequest(BaseModel):
         return False
 
     @property
+    def top_log_probs(self) -> int:
+        """How many alternatives per token the request asks for (0: none)."""
+        return 0
+
+    @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
@@ -138,15 +143,8 @@ class CompletionRequest(_GenerationRequest):
     prompt: str | list[str]
     max_tokens: int | None = Field(default=None, gt=0)
     echo: bool = False  # the prompt is returned before the completion, in the choice's text
-    # the target's log-probability of each token it emits; the number asks for that many alternatives per token
-    logprobs: int | None = Field(default=None, ge=0, le=5)
-
-    @field_validator("logprobs")
-    @classmethod
-    def _alternatives(cls, v: int | None) -> int | None:
-        if v:
-            raise ValueError(f"{v}: {NO_ALTERNATIVES}; ask logprobs 0 for the emitted tokens' own")
-        return v
+    # the target's log-probability of each token it emits, and that many most likely tokens at each position
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOG_PROBS)
 
     @model_validator(mode="after")
     def _logprobs(self) -> "CompletionRequest":
@@ -157,6 +155,10 @@ class CompletionRequest(_GenerationRequest):
     @property
     def wants_log_probs(self) -> bool:
         return self.logprobs is not None
+
+    @property
+    def top_log_probs(self) -> int:
+        return self.logprobs or 0
 
     @field_validator("prompt")
     @classmethod
@@ -192,18 +194,22 @@ class ChatCompletionRequest(_GenerationRequest):
     max_tokens: int | None = Field(default=None, gt=0)
     max_completion_tokens: int | None = Field(default=None, gt=0)
     logprobs: bool = False  # the target's log-probability of each token it emits
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    # that many most likely tokens at each emitted token's position, with their log-probabilities
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOG_PROBS)
 
-    @field_validator("top_logprobs")
-    @classmethod
-    def _top_logprobs(cls, v: int | None) -> int | None:
-        if v:
-            raise ValueError(f"{v}: {NO_ALTERNATIVES}; use logprobs with top_logprobs 0")
-        return v
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true (as in OpenAI's API); set logprobs: true")
+        return self
 
     @property
     def wants_log_probs(self) -> bool:
         return self.logprobs
+
+    @property
+    def top_log_probs(self) -> int:
+        return self.top_logprobs or 0
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -19,6 +19,7 @@ import numpy as np
 from trtspec import triton_io as io
 from trtspec.contract import REQUEST_FIELDS, RequestError
 from trtspec.load import InFlight, SharedEstimates
+from trtspec.logprobs import TopLogProbs
 from trtspec.loop import Step, EngineCallError, LoopRequest, LoopSettings, SpeculativeLoop
 from trtspec.metrics import ControllerGauges, PrometheusExporter
 from trtspec.text import TextCodec
@@ -151,13 +152,18 @@ class LoopModel:
         return req, text
 
     def response_tensors(
-        self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step, log_probs: list[float] | None = None
+        self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step, log_probs: list[float] | None = None,
+        top: TopLogProbs | None = None,
     ) -> dict[str, np.ndarray]:
-        """`log_probs`: of the generated tokens among `tokens` (TensorRT-LLM's output_log_probs: [beam, tokens])."""
+        """`log_probs`: of the generated tokens among `tokens` (TensorRT-LLM's output_log_probs: [beam, tokens]);
+        `top`: the most likely tokens at their positions (trtspec.contract.RESPONSE_OUTPUTS: [tokens, N])."""
         out = response_tensors(tokens, before, chunk)
         if req.return_log_probs and log_probs is not None:
             out["output_log_probs"] = np.asarray(log_probs, dtype=np.float32).reshape(1, 1, -1)
             out["cum_log_probs"] = np.array([[sum(log_probs)]], dtype=np.float32)
+        if req.top_log_probs and top is not None:
+            out["output_top_ids"] = top.ids[None]
+            out["output_top_log_probs"] = top.log_probs[None]
         if req.return_num_input_tokens:
             out["num_input_tokens"] = np.array([[len(req.prompt)]], dtype=np.int32)
         if req.return_num_output_tokens:
@@ -169,9 +175,10 @@ class LoopModel:
         return out
 
     def _response(
-        self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step, log_probs: list[float] | None = None
+        self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step, log_probs: list[float] | None = None,
+        top: TopLogProbs | None = None,
     ) -> Any:
-        tensors = self.response_tensors(req, text, tokens, before, chunk, log_probs)
+        tensors = self.response_tensors(req, text, tokens, before, chunk, log_probs, top)
         return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in tensors.items()])
 
     def _error(self, message: str) -> Any:
@@ -182,17 +189,18 @@ class LoopModel:
         sender = request.get_response_sender()
         try:
             req, text = self.parse(request)
-            last, cancelled, log_probs, asked = None, False, [], time.monotonic()
+            last, cancelled, log_probs, tops, asked = None, False, [], [], time.monotonic()
             with self.in_flight.request():
                 for chunk in self.loop.run(req):
                     last = chunk
                     log_probs += chunk.log_probs or []
+                    tops += [chunk.top] if chunk.top is not None else []
                     if not chunk.final and time.monotonic() - asked >= CANCEL_CHECK_S:
                         cancelled, asked = sender.is_cancelled(), time.monotonic()
                     if chunk.final or cancelled:
                         break
                     if req.stream:
-                        sender.send(self._response(req, text, chunk.new_tokens, chunk.generated_before, chunk, chunk.log_probs))
+                        sender.send(self._response(req, text, chunk.new_tokens, chunk.generated_before, chunk, chunk.log_probs, chunk.top))
             if last is None:
                 raise EngineCallError("the loop produced no output")
             try:
@@ -207,12 +215,12 @@ class LoopModel:
                 sender.send(flags=final)
             elif req.stream:
                 self.metrics.record(last.stats, len(generated))
-                sender.send(self._response(req, text, last.new_tokens, last.generated_before, last, last.log_probs), flags=final)
+                sender.send(self._response(req, text, last.new_tokens, last.generated_before, last, last.log_probs, last.top), flags=final)
             else:
                 self.metrics.record(last.stats, len(generated))
                 # TensorRT-LLM's exclude_input_in_output=false: a non-streamed output starts with the prompt
                 whole = req.prompt + generated if req.exclude_input_in_output is False else generated
-                sender.send(self._response(req, text, whole, [], last, log_probs), flags=final)
+                sender.send(self._response(req, text, whole, [], last, log_probs, TopLogProbs.concat(tops)), flags=final)
         except RequestError as e:
             sender.send(self.pb.InferenceResponse(error=io.bad_request(self.pb, e)), flags=final)
         except Exception as e:  # engine failure: report it, keep serving
