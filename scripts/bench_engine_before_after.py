@@ -48,6 +48,7 @@ def _load_limits():
         sys.modules[stub.__name__] = stub
     spec = importlib.util.spec_from_file_location("limits_under_test", LIMITS)
     limits = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = limits  # dataclasses look their module up there
     spec.loader.exec_module(limits)
     return limits
 
@@ -78,6 +79,18 @@ def profile_shares(engine, limits, context: int, tokens: int, steps: int = 5) ->
         f"{k} {v / total:.0%}" for k, v in parts.items())
 
 
+def row_major(engine) -> None:
+    """Undo tune_for_cpu's column-major Linear weights (it stores them so with 1 thread): the layout as stored."""
+    import torch
+
+    from trtspec.reference_engine.engine import plain_lm_head
+
+    for m in engine.model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.weight.data = m.weight.data.contiguous()
+    engine._head = plain_lm_head(engine.model)
+
+
 def cell(label: str, threads: int, context: int, reps: int) -> None:
     import torch
 
@@ -88,6 +101,8 @@ def cell(label: str, threads: int, context: int, reps: int) -> None:
 
     limits = _load_limits()
     engine = ReferenceEngine(resolve_checkpoint("demo:target"), device="cpu", dtype="float32")
+    if "row-major" in label:
+        row_major(engine)
     print(f"== {label} ({Path(trtspec.__file__).parent.parent}), {threads} thread(s), context {context}", flush=True)
     for line in limits.report(limits.measure(engine, context=context, reps=reps)):
         print(line, flush=True)
@@ -101,6 +116,7 @@ def main() -> None:
     ap.add_argument("--threads", default="1", help="comma-separated torch thread counts (the demo serves with 1)")
     ap.add_argument("--contexts", default="64,512", help="comma-separated tokens of KV cache per row")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--row-major", action="store_true", help="also this checkout with Linear weights as stored (row-major)")
     ap.add_argument("--cell", nargs=4, help=argparse.SUPPRESS)  # internal: label threads context reps
     args = ap.parse_args()
     if args.cell:
@@ -114,7 +130,10 @@ def main() -> None:
         here = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         for threads in args.threads.split(","):
             for context in args.contexts.split(","):
-                for label, tree in ((f"before ({args.before} {rev})", before), (f"after ({here} + working tree)", REPO)):
+                cells = [(f"before ({args.before} {rev})", before), (f"after ({here} + working tree)", REPO)]
+                if args.row_major:
+                    cells.append((f"after, row-major weights ({here} + working tree)", REPO))
+                for label, tree in cells:
                     env = dict(os.environ, PYTHONPATH=str(tree), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
                     subprocess.run([sys.executable, str(Path(__file__).resolve()), "--cell", label, threads, context, str(args.reps)],
                                    env=env, check=True, cwd=tree)
