@@ -29,10 +29,9 @@ Examples:
 def command(checkpoint: str, dtypes: str, threads: int | None, context: int, reps: int) -> None:
     import torch
 
-    from trtspec.reference_engine.device import CPU_THREADS_PER_ENGINE
-
     from trtspec.demo_pair import resolve_checkpoint
     from trtspec.reference_engine import ReferenceEngine
+    from trtspec.reference_engine.device import CPU_THREADS_PER_ENGINE
     from trtspec.reference_engine.limits import measure, report
 
     threads = CPU_THREADS_PER_ENGINE if threads is None else threads
