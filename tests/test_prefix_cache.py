@@ -164,3 +164,36 @@ def test_evictions_hand_memory_back_once_per_burst_not_per_eviction(monkeypatch)
     assert len(calls) == 1  # one trim for the whole burst
     pc.put([9], make_cache(1))
     wait_until(lambda: len(calls) == 2)  # a later eviction gets its own
+
+
+def test_engine_cache_writes_in_place_and_copies_once_shared():
+    """The engine's KV layers (kv_cache.GrowingLayer) write a step's positions into their buffer; once a prefix is
+    lent as views, lender and borrower each copy on their next write, so neither sees the other's positions."""
+    from transformers import LlamaConfig
+
+    from trtspec.reference_engine import share_prefix
+    from trtspec.reference_engine.kv_cache import new_cache
+
+    config = LlamaConfig(num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS, hidden_size=HEADS * DIM)
+    kv = lambda n, fill: torch.full((1, HEADS, n, DIM), float(fill))  # noqa: E731
+    owner = new_cache(config)
+    for layer in range(LAYERS):
+        owner.update(kv(5, 1), kv(5, -1), layer)
+    ptr = owner.layers[0].keys.data_ptr()
+    for layer in range(LAYERS):
+        owner.update(kv(1, 2), kv(1, -2), layer)
+    assert owner.layers[0].keys.data_ptr() == ptr and owner.get_seq_length() == 6  # in place, no copy
+    owner.crop(-1)  # the step rejected: the next write reuses the position
+    for layer in range(LAYERS):
+        owner.update(kv(1, 3), kv(1, -3), layer)
+    assert owner.layers[0].keys.data_ptr() == ptr and owner.layers[0].keys[0, 0, 5, 0] == 3
+    before = [t.clone() for t in layer_tensors(owner)]
+    borrower = share_prefix(owner, 4)
+    assert borrower.layers[0].keys.data_ptr() == ptr  # lent as views
+    for layer in range(LAYERS):
+        borrower.update(kv(3, 7), kv(3, -7), layer)
+    assert all(torch.equal(t, b) for t, b in zip(layer_tensors(owner), before))
+    assert borrower.layers[0].keys[0, 0, :, 0].tolist() == [1, 1, 1, 1, 7, 7, 7]
+    owner.update(kv(1, 9), kv(1, -9), 1)  # the lender's write copies too: the borrower's views stay as they were
+    assert borrower.layers[1].keys[0, 0, :, 0].tolist() == [1, 1, 1, 1, 7, 7, 7]
+    assert owner.layers[1].keys[0, 0, :, 0].tolist() == [1, 1, 1, 1, 1, 3, 9]

@@ -1,9 +1,10 @@
 """One forward pass over a ragged batch: the new tokens of many sequences packed into one row.
 
 Every linear layer (most of the compute) runs once over all packed tokens; attention runs per sequence
-against that sequence's own KV cache (a transformers DynamicCache, so prefix reuse keeps working). This is
-the packed layout of transformers' continuous batching without its paged cache: the paged cache would hold
-all sequences in one block pool and drop the per-sequence caches the prefix cache hands around.
+against that sequence's own KV cache (a transformers DynamicCache, so prefix reuse keeps working; the engine's
+layers grow in place: trtspec.reference_engine.kv_cache). This is the packed layout of transformers' continuous
+batching without its paged cache: the paged cache would hold all sequences in one block pool and drop the
+per-sequence caches the prefix cache hands around.
 
 A segment's attention is the same call with the same shapes whether it runs alone or in a batch, so a
 sequence's attention output does not depend on what else is in the batch.
@@ -87,16 +88,16 @@ def ragged_attention(module, query, key, value, attention_mask, dropout: float =
 
     if ragged is None:  # a plain forward (no packed batch): ordinary SDPA attention with transformers' mask
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    alone = len(ragged.segments) == 1  # no slicing or concatenation: the whole packed row is the segment
     outs = []
     for i, (seg, (s, e)) in enumerate(zip(ragged.segments, ragged.bounds)):
-        k, v = seg.cache.update(key[:, :, s:e].contiguous(), value[:, :, s:e].contiguous(), module.layer_idx)
+        q, k, v = (query, key, value) if alone else (query[:, :, s:e], key[:, :, s:e], value[:, :, s:e])
+        k, v = seg.cache.update(k, v, module.layer_idx)
         n, kv = e - s, k.shape[2]
         mask = ragged.mask(i, kv, query.device)
-        out, _ = sdpa_attention_forward(
-            module, query[:, :, s:e], k, v, mask, dropout=dropout, scaling=scaling, is_causal=n > 1 and mask is None
-        )
+        out, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling, is_causal=n > 1 and mask is None)
         outs.append(out)
-    return torch.cat(outs, dim=1), None
+    return (outs[0] if alone else torch.cat(outs, dim=1)), None
 
 
 def register() -> None:

@@ -38,7 +38,9 @@ def engine_env(cfg: BuildConfig) -> dict[str, str]:
     per engine, 60 s with torch's default)."""
     on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and shutil.which("nvidia-smi") is None)
     if on_cpu and not os.environ.get("TRTSPEC_TORCH_THREADS"):
-        return {"TRTSPEC_TORCH_THREADS": "1"}
+        from trtspec.reference_engine.device import CPU_THREADS_PER_ENGINE
+
+        return {"TRTSPEC_TORCH_THREADS": str(CPU_THREADS_PER_ENGINE)}
     return {}
 
 

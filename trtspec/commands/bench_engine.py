@@ -14,24 +14,27 @@ and batched steps of 4/8/16 one-token rows; and the ratios against issue 27's ta
 
 \b
 Examples:
-  trtspec bench-engine                              # demo target, float32 and bfloat16
-  trtspec bench-engine --dtypes auto --threads 1 --checkpoint PATH
+  trtspec bench-engine                              # demo target, float32 and bfloat16, 1 thread
+  trtspec bench-engine --dtypes auto --threads 2 --checkpoint PATH
 """
 
 
 @click.command("bench-engine", help=_HELP, short_help="Measure the reference engine's step against the machine's limit.")
 @click.option("--checkpoint", default="demo:target", show_default=True, help="HF checkpoint directory or demo:target / demo:draft.")
 @click.option("--dtypes", default="float32,bfloat16", show_default=True, help="Comma-separated: auto, float32, bfloat16, float16.")
-@click.option("--threads", type=click.IntRange(0), default=0, help="torch threads (0: torch's default).")
+@click.option("--threads", type=click.IntRange(0), default=None, help="torch threads (0: torch's default)  "
+              "[default: 1 per engine, as the demo serves: reference_engine.device.CPU_THREADS_PER_ENGINE]")
 @click.option("--context", type=click.IntRange(1), default=64, show_default=True, help="Tokens of KV cache per row.")
 @click.option("--reps", type=click.IntRange(1), default=7, show_default=True, help="Timed repetitions per figure (median).")
-def command(checkpoint: str, dtypes: str, threads: int, context: int, reps: int) -> None:
+def command(checkpoint: str, dtypes: str, threads: int | None, context: int, reps: int) -> None:
     import torch
 
     from trtspec.demo_pair import resolve_checkpoint
     from trtspec.reference_engine import ReferenceEngine
+    from trtspec.reference_engine.device import CPU_THREADS_PER_ENGINE
     from trtspec.reference_engine.limits import measure, report
 
+    threads = CPU_THREADS_PER_ENGINE if threads is None else threads
     if threads:
         torch.set_num_threads(threads)  # before load: tune_for_cpu reads it
     path = resolve_checkpoint(checkpoint)

@@ -28,6 +28,12 @@ BATCH_INVARIANT = {"float32": False, "bfloat16": False, "float16": False}
 BATCH_EXACT_BF16 = False
 
 
+# torch threads per engine process when serving on CPU (trtspec.bench.local.engine_env sets it for the demo and
+# local deployments; bench-engine measures with it): the draft and the target run in separate processes, and
+# OpenMP pools of several threads each on a few shared cores slow every forward down many times.
+CPU_THREADS_PER_ENGINE = 1
+
+
 @dataclass(frozen=True)
 class Precision:
     """The dtype the engine loads its weights in, and why (printed at load, shown by `trtspec doctor`)."""

@@ -17,6 +17,7 @@ from trtspec.ragged import ATTENTION, RaggedBatch, Segment, register as register
 from trtspec.reference_engine.device import _DTYPES, choose_precision, pick_device, tune_for_cpu
 from trtspec.reference_engine.draft_vocab import draft_head, load_draft_vocab
 from trtspec.reference_engine.eagle3 import InEngineDrafter
+from trtspec.reference_engine.kv_cache import new_cache
 from trtspec.reference_engine.prefix_cache import PrefixCache, cache_nbytes
 from trtspec.reference_engine.request import EngineRequest, EngineResult, Steps
 from trtspec.speculative import (
@@ -93,9 +94,7 @@ class ReferenceEngine:
 
     def kv_bytes_per_token(self) -> int:
         """Measured: the KV cache one token leaves behind (any architecture, dtype and head layout)."""
-        from transformers import DynamicCache
-
-        segment = Segment(DynamicCache(config=self.model.config), [0], 0, 1)
+        segment = Segment(new_cache(self.model.config), [0], 0, 1)
         self.forward([segment])
         return cache_nbytes(segment.cache)
 
@@ -105,12 +104,10 @@ class ReferenceEngine:
         """The segment that computes what `tokens` adds to its longest cached prefix (the cache taken out of
         the prefix cache), and how many tokens the cache served (at most `max_reuse`: the EAGLE-3 head needs the
         features of every position its own cache lacks)."""
-        from transformers import DynamicCache
-
         cache, reuse = self.cache.take(tokens)
         reuse = min(reuse, len(tokens) - need_logits, len(tokens) if max_reuse is None else max_reuse)
         if cache is None or reuse == 0:
-            cache, reuse = DynamicCache(config=self.model.config), 0
+            cache, reuse = new_cache(self.model.config), 0
         elif cache.get_seq_length() > reuse:
             cache.crop(reuse - cache.get_seq_length())  # negative: drop that many (transformers 4.x and 5.x)
         return Segment(cache, list(tokens[reuse:]), reuse, need_logits), reuse

@@ -13,6 +13,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from trtspec.reference_engine.kv_cache import GrowingLayer
+
 
 def _kv_tensors(cache: Any) -> list[torch.Tensor]:
     """Every key and value tensor a DynamicCache holds (transformers >= 4.56 keeps them per layer object)."""
@@ -28,11 +30,11 @@ def cache_nbytes(cache: Any) -> int:
 def share_prefix(cache: Any, n: int) -> Any:
     """A new DynamicCache holding the first `n` positions of `cache` as views of its tensors (no copy).
 
-    Safe because a DynamicCache never writes into its tensors: update() concatenates into new ones and
-    crop() slices, so whatever the sharer does leaves the owner's tensors as they were."""
+    Safe because neither then writes into the shared tensors: transformers' DynamicLayer concatenates into new
+    ones and crop() slices; the engine's GrowingLayer (kv_cache) copies on its next write once shared."""
     shared = copy.copy(cache)
     if hasattr(cache, "layers"):
-        shared.layers = [copy.copy(layer) for layer in cache.layers]
+        shared.layers = [layer.share() if isinstance(layer, GrowingLayer) else copy.copy(layer) for layer in cache.layers]
     else:
         shared.key_cache, shared.value_cache = list(cache.key_cache), list(cache.value_cache)
     drop = shared.get_seq_length() - n
