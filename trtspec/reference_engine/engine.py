@@ -244,7 +244,8 @@ class ReferenceEngine:
                 ended = True
                 break  # the end token is not output and not counted
             tokens.append(t)
-            log_probs.append(self._log_prob(row, t))
+            if req.return_log_probs:  # a softmax over the vocabulary: only when asked
+                log_probs.append(self._log_prob(row, t))
             if req.stop_words and find_stop(tokens, req.stop_words, start=n_in) is not None:
                 break
         if logits_rows:
