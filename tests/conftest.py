@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -81,9 +82,14 @@ class TritonPythonModel:
 """
 
 
+def write_python_model(repo: Path, name: str, config: str, model_py: str) -> None:
+    """A Python-backend model `name` (version 1) in the repository at `repo`."""
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
+    (repo / name / "1" / "model.py").write_text(textwrap.dedent(model_py))
+
+
 def write_echo_repository(root: Path) -> Path:
     """A one-model repository (`echo`: Y = X) for tests of the server itself, not of the models."""
-    (root / "echo" / "1").mkdir(parents=True)
-    (root / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)
-    (root / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
+    write_python_model(root, "echo", ECHO_CONFIG, ECHO_MODEL)
     return root

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_echo_repository
+from conftest import write_echo_repository, write_python_model
 from trtspec.client import Client, ClientError, grpc_inputs
 from trtspec.config import parse_config
 from trtspec.openai.backend import RETRY_AFTER_S
@@ -72,10 +72,7 @@ def test_triton_starts_every_model_at_once_without_auto_complete_processes_it_do
     from trtspec.server import LocalTritonServer
 
     for i in range(6):
-        model = tmp_path / f"m{i}"
-        (model / "1").mkdir(parents=True)
-        (model / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 0\n')
-        (model / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+        write_python_model(tmp_path, f"m{i}", 'backend: "python"\nmax_batch_size: 0\n', "class TritonPythonModel:\n    pass\n")
 
     def args():
         return LocalTritonServer(tmp_path, http_port=18000, grpc_port=18001, metrics_port=18002).server_args()

@@ -8,7 +8,6 @@ import queue
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from conftest import write_python_model
 from trtspec.server import (
     LocalTritonServer,
     ServerError,
@@ -123,12 +123,6 @@ class TritonPythonModel:
 '''
 
 
-def _write_model(repo: Path, name: str, config: str, model_py: str) -> None:
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
-    (repo / name / "1" / "model.py").write_text(textwrap.dedent(model_py))
-
-
 def _tritonserver_or_skip(cache_dir: Path):
     try:
         return find_tritonserver(cache_dir=cache_dir)
@@ -153,16 +147,16 @@ def helper_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def good_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("repo")
-    _write_model(repo, "add", ADD_CONFIG, ADD_MODEL)
-    _write_model(repo, "stream3", STREAM_CONFIG, STREAM_MODEL)
+    write_python_model(repo, "add", ADD_CONFIG, ADD_MODEL)
+    write_python_model(repo, "stream3", STREAM_CONFIG, STREAM_MODEL)
     return repo
 
 
 @pytest.fixture(scope="module")
 def broken_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("broken-repo")
-    _write_model(repo, "stream3", STREAM_CONFIG, STREAM_MODEL)
-    _write_model(repo, "bad", BROKEN_CONFIG, BROKEN_MODEL)
+    write_python_model(repo, "stream3", STREAM_CONFIG, STREAM_MODEL)
+    write_python_model(repo, "bad", BROKEN_CONFIG, BROKEN_MODEL)
     return repo
 
 
