@@ -47,7 +47,6 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -402,33 +401,30 @@ def _set_pdeathsig() -> None:  # runs in the child between fork and exec
         pass
 
 
-def _model_count(repository: Path) -> int:
-    """Models in a repository (its directories holding a config.pbtxt), at least Triton's default of 4."""
+def _repository_models(repository: Path) -> list[Any] | None:
+    """The repository's models (trtspec.server.launch.read_repository); None when it cannot be read (Triton
+    then says why)."""
+    from trtspec.server.launch import read_repository  # launch builds on this module
+
     try:
-        n = sum(1 for d in repository.iterdir() if (d / "config.pbtxt").is_file())
-    except OSError:
-        n = 0
-    return max(4, n)
+        return read_repository(repository)
+    except (ServerError, OSError):
+        return None
 
 
-_PYTHON_BACKEND_RE = re.compile(r'^\s*backend\s*:\s*"python"', re.MULTILINE)
-
-
-def _needs_auto_complete(repository: Path) -> bool:
+def _needs_auto_complete(models: list[Any] | None) -> bool:
     """Whether Triton's config auto-completion can change a model of the repository: not when every model is a
     Python-backend model without an ``auto_complete_config`` (Triton would start one more process per model, which
     imports its model.py, only to get the config back as written: on the demo deployment, a second torch import
     in front of each engine's load)."""
+    if not models:
+        return True
     try:
-        models = [d for d in repository.iterdir() if (d / "config.pbtxt").is_file()]
-        for d in models:
-            if not _PYTHON_BACKEND_RE.search((d / "config.pbtxt").read_text()):
-                return True
-            if any("auto_complete_config" in f.read_text(errors="replace") for f in d.glob("*/model.py")):
-                return True
+        return any(m.backend != "python" or any("auto_complete_config" in f.read_text(errors="replace")
+                                                 for f in m.path.glob("*/model.py"))
+                   for m in models)
     except OSError:
         return True
-    return not models
 
 
 def _bool(b: bool) -> str:
@@ -503,7 +499,9 @@ class LocalTritonServer(TritonServer):
             args += [f"--load-model={name}" for name in o.load_models]
         elif o.load_models:
             raise ServerError("load_models needs model_control_mode='explicit'")
-        args.append(f"--model-load-thread-count={o.model_load_threads or _model_count(o.repository_path)}")
+        models = _repository_models(o.repository_path)
+        # one load thread per model (at least Triton's default of 4): no model waits behind others for a thread
+        args.append(f"--model-load-thread-count={o.model_load_threads or max(4, len(models or ()))}")
         args += [
             f"--strict-readiness={_bool(o.strict_readiness)}",
             f"--exit-on-error={_bool(o.exit_on_error)}",
@@ -511,7 +509,7 @@ class LocalTritonServer(TritonServer):
         ]
         if o.log_verbose:
             args.append(f"--log-verbose={int(o.log_verbose)}")
-        if o.disable_auto_complete_config or not _needs_auto_complete(o.repository_path):
+        if o.disable_auto_complete_config or not _needs_auto_complete(models):
             args.append("--disable-auto-complete-config")
         backend_dir = o.backend_directory or inst.backend_directory
         if backend_dir:
