@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import re
 import random
 import sys
 import time
@@ -221,7 +222,9 @@ def stage_gen(args, deadline: float | None) -> None:
 
 def load_shards(args) -> list[dict]:
     seqs = []
-    for shard_dir in sorted(args.work.glob(f"gen_s{args.seed}*")):  # every generation run of this seed (--gen-tag)
+    # Every generation run of this seed: gen_s<seed><tag>, a tag never starting with a digit (seed 1 is not seed 10).
+    runs = [d for d in args.work.glob(f"gen_s{args.seed}*") if re.fullmatch(rf"gen_s{args.seed}(\D.*)?", d.name)]
+    for shard_dir in sorted(runs):
         for p in sorted(shard_dir.glob("[0-9][0-9][0-9][0-9].pt")):
             seqs += [dict(q, run=shard_dir.name) for q in torch.load(p)]
     return seqs
@@ -517,7 +520,7 @@ def main() -> None:
     ap.add_argument("--gen-limit", type=int, help="decode only the first N prompts (replays a budgeted run)")
     ap.add_argument("--gen-skip", type=int, default=0, help="skip the first N prompts (an earlier run decoded them)")
     ap.add_argument("--gen-tag", default="", help="shard directory suffix of this generation run (gen_s<seed><tag>); "
-                    "training reads every gen_s<seed>* directory")
+                    "training reads every gen_s<seed><tag> directory; a tag starts with a letter")
     ap.add_argument("--system-prompt", action="store_true",
                     help="encode chat prompts with the tokenizer's template (SmolLM2's default system turn) instead of "
                          "the bench's one-user-turn format")
@@ -539,6 +542,9 @@ def main() -> None:
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
+    if args.gen_tag[:1].isdigit():
+        ap.error(f"--gen-tag {args.gen_tag!r} starts with a digit: gen_s{args.seed}{args.gen_tag} would read as another "
+                 "seed's run; start the tag with a letter")
     if args.smoke:
         args.chat, args.plain, args.chat_new, args.gen_batch = 6, 2, 12, 4
         args.work = args.work / "smoke"
