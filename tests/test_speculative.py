@@ -258,6 +258,38 @@ def test_controller_never_takes_draft_rows_at_a_load_where_they_were_not_measure
     assert fresh.verify_cost(2, 8) == pytest.approx(0.110 + 2 * 0.010)
 
 
+def test_controller_prices_draft_rows_at_load_by_what_they_add_to_the_step_not_by_the_requests_own_wait():
+    # the demo's reference engine on 2 CPU cores: alone, a plain step 70 ms and each draft row +35 ms; at 8 in flight
+    # every call waits for the same ~250 ms steps whatever its own k (the others' rows lengthen them as much), so a
+    # request's k = 4 call and its k = 0 call take the same time there. Prompt lookup accepted 0.9 per position pays
+    # alone (4.1 tokens for 210 ms against 1 for 70) and not at 8 (4 rows, 140 ms of everyone's step, for 3.1 more
+    # tokens where a plain step's 1/8 share makes one in 31 ms)
+    rng = np.random.default_rng(0)
+    ctl = _controller(probe_every=8)
+
+    def iterate(load):
+        choice = ctl.choose(load, {"ngram": 4})
+        accepted = 0
+        while accepted < choice.k and rng.random() < 0.9:
+            accepted += 1
+        verify = 0.070 + 0.035 * choice.k if load == 1 else 0.250 + rng.normal(0, 0.01)
+        ctl.record(load, choice.source, choice.k, accepted, verify)
+        return choice
+
+    alone = [iterate(1) for _ in range(100)]
+    assert np.mean([c.k for c in alone[50:]]) >= 3
+    crowded = [iterate(8) for _ in range(300)]
+    assert sum(c.k > 0 and not c.probe for c in crowded[50:]) == 0
+    assert ctl.verify_cost(4, 8) == pytest.approx(0.250 + 4 * 0.035, rel=0.05)
+    # nobody alone yet: one more request in flight adds a row to the plain step (here 25 ms from 4 to 8 in flight)
+    fresh = _controller()
+    for _ in range(10):
+        fresh.record(4, None, 0, 0, 0.150)
+        fresh.record(8, None, 0, 0, 0.250)
+        fresh.record(8, "ngram", 4, 1, 0.250)
+    assert fresh.verify_cost(4, 8) == pytest.approx(0.250 + 4 * 0.025)
+
+
 def test_controller_scales_a_draft_cost_measured_at_lighter_load():
     ctl = _controller()
     for _ in range(20):

@@ -170,6 +170,7 @@ def fixed_draft_len(k: int, remaining: int) -> int:
 
 MAX_POSITIONS = 64  # SpeculativeConfig.max_draft_len's bound
 MAX_LOAD = 64  # requests in flight, as a cost-table key (more count as this many)
+ALONE = 1  # the load at which a request's own call time is the whole step's
 ESTIMATED_SOURCES = tuple(SOURCES)
 
 
@@ -306,30 +307,38 @@ class GoodputController:
                 out.append(max(col[k0] + (col[k1] - col[k0]) * (k - k0) / (k1 - k0), 0.0))
         return out
 
+    def row_costs(self, kmax: int) -> list[float]:
+        """What k = 0..kmax draft rows add to a target step, from where that is observable. A request's own call time
+        shows it only when the request is alone in flight: with others in the step, its k = 0 and k > 0 calls wait
+        for the same steps, whose length the others' rows set too, so their difference reads rows as nearly free.
+        Alone measured at two k: that curve. Else what one more request (a row) adds to a plain step between the
+        lightest and heaviest measured loads. Else nothing (flat: a probe measures it)."""
+        means, counts = self.est.verify_s, self.est.verify_n
+        if np.count_nonzero(counts[:, ALONE]) >= 2:
+            alone = self._curve(means, counts, ALONE, kmax, proportional=False)
+            return [max(c - alone[0], 0.0) for c in alone]
+        plain = np.flatnonzero(counts[0])
+        per_row = 0.0
+        if plain.size >= 2:
+            lo, hi = int(plain[0]), int(plain[-1])
+            per_row = max(float(means[0, hi] - means[0, lo]) / (hi - lo), 0.0)
+        return [per_row * k for k in range(kmax + 1)]
+
     def verify_costs(self, kmax: int, load: int) -> list[float] | None:
-        """Seconds of a target call verifying k = 0..kmax drafts at `load` in flight. Where that load has fewer
-        than two k measured, a draft row costs what it costs at the nearest load that measured two k (a row costs
-        about the same whoever else is in the step), or else what a request's row adds to a plain step between
-        the lightest and heaviest measured loads; flat only when neither is measured (a probe measures it)."""
+        """Seconds of a target call verifying k = 0..kmax drafts at `load` in flight: the plain step measured at the
+        nearest load, plus what the draft rows add to a step (row_costs), or more where this load measured more."""
         means, counts, n = self.est.verify_s, self.est.verify_n, load_key(load)
         col = self._nearest_load(counts, n)
         if col is None:
             return None
         seen = np.flatnonzero(counts[:, col])
-        if seen.size >= 2:
-            return self._curve(means, counts, n, kmax, proportional=False)
-        k0, base = int(seen[0]), float(means[seen[0], col])
-        m = self._nearest_load(counts, n, min_measured=2)
-        plain = np.flatnonzero(counts[0])
-        if m is not None:
-            ks = np.flatnonzero(counts[:, m])
-            per_row = float(means[ks[-1], m] - means[ks[0], m]) / int(ks[-1] - ks[0])
-        elif plain.size >= 2:
-            lo, hi = int(plain[0]), int(plain[-1])
-            per_row = float(means[0, hi] - means[0, lo]) / (hi - lo)
-        else:
-            per_row = 0.0
-        return [max(base + max(per_row, 0.0) * (k - k0), 0.0) for k in range(kmax + 1)]
+        rows = self.row_costs(max(kmax, int(seen[-1])))
+        k0 = int(seen[0])
+        base = max(float(means[k0, col]) - rows[k0], 0.0)
+        out = [base + rows[k] for k in range(kmax + 1)]
+        if seen.size >= 2:  # a lower bound at a load shared with others (see row_costs), exact alone
+            out = [max(a, b) for a, b in zip(out, self._curve(means, counts, n, kmax, proportional=False))]
+        return out
 
     def verify_cost(self, k: int, load: int) -> float | None:
         curve = self.verify_costs(k, load)
