@@ -7,6 +7,7 @@ from scipy.stats import chisquare
 from trtspec.metrics import SpecStats
 from trtspec.drafters import propose_ngram as propose
 from trtspec.speculative import (
+    Choice,
     Estimates,
     GoodputController,
     SamplingParams,
@@ -298,6 +299,20 @@ def test_controller_scales_a_draft_cost_measured_at_lighter_load():
         ctl.record(1, "model", 2, 1, 0.048, draft_s=0.010)
     assert ctl.draft_cost("model", 2, 1) == pytest.approx(0.010)
     assert ctl.draft_cost("model", 2, 8) == pytest.approx(0.030)
+
+
+def test_controller_does_not_probe_on_a_requests_first_call():
+    # a probe of the draft model on the first call would prefill the whole prompt on the draft model before the
+    # request's first token; the probe waits for the next iteration instead
+    ctl = _controller(probe_every=8)
+    for _ in range(20):
+        ctl.record(1, None, 0, 0, 0.040)
+        ctl.record(1, "model", 1, 0, 0.048, draft_s=0.010)
+    for _ in range(8):
+        assert ctl.choose(1, {"model": 4}).k == 0  # acceptance 0: plain steps until the probe is due
+        ctl.record(1, None, 0, 0, 0.040)
+    assert ctl.choose(1, {"model": 4}, missed=300, may_probe=False) == Choice(None, 0)
+    assert ctl.choose(1, {"model": 4}, missed=2).probe
 
 
 def test_controller_probes_are_the_deployments_not_each_requests():

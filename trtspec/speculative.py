@@ -369,9 +369,11 @@ class GoodputController:
 
     # -------------------------------------------------------------- the decision
 
-    def choose(self, load: int, candidates: Mapping[str, int], missed: int = 0) -> Choice:
+    def choose(self, load: int, candidates: Mapping[str, int], missed: int = 0, may_probe: bool = True) -> Choice:
         """`candidates`: source -> the most tokens it may propose now (for prompt lookup: its match's length);
-        `missed`: tokens the draft model would catch up on. Sources in asking order (the first wins a tie).
+        `missed`: tokens the draft model would catch up on; `may_probe` false: no probe now (a request's first
+        call, whose first token a probe of the draft model would delay by its prefill of the whole prompt: the
+        next iteration, this request's or another's, probes instead). Sources in asking order (the first wins a tie).
         Each candidate's value is its expected tokens per second, acceptance optimistic by its standard error."""
         kmax = max(candidates.values(), default=0)
         verify = self.verify_costs(kmax, load)
@@ -407,7 +409,7 @@ class GoodputController:
         for source, cap in candidates.items():
             si = ESTIMATED_SOURCES.index(source)
             interval = max(float(est.probe_interval[si]), every)
-            if source != best.source and cap > 0 and est.since[si] >= interval:
+            if may_probe and source != best.source and cap > 0 and est.since[si] >= interval:
                 est.since[si] = 0
                 if SOURCES[source].needs_draft_model:  # prompt lookup's probes cost a verify row, no engine step
                     est.probe_interval[si] = min(2 * interval, 8 * every)
