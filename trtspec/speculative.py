@@ -307,16 +307,40 @@ class GoodputController:
                 out.append(max(col[k0] + (col[k1] - col[k0]) * (k - k0) / (k1 - k0), 0.0))
         return out
 
+    def _verify_curve(self, n: int, kmax: int) -> list[float] | None:
+        """Seconds of a target call verifying k = 0..kmax drafts at load n, from what load n measured: None unless it
+        measured a plain step and some k >= 1. A call with drafts is a different computation from a plain step (a
+        multi-token segment, k + 1 logits rows) and can cost a fixed amount more whatever its k, so the k >= 1 part
+        is its own line, through the two nearest measured k >= 1. Beside the only one: alone (where a call's time is
+        exact and a try is cheap), flat, so that a longer draft is tried and measured, not assumed to cost k times
+        the first row's extra; at a load shared with others, in proportion to k from the plain step."""
+        means, counts = self.est.verify_s[:, n].tolist(), self.est.verify_n[:, n].tolist()
+        drafted = [k for k in range(1, len(counts)) if counts[k]]
+        if not counts[0] or not drafted:
+            return None
+        out = [means[0]]
+        for k in range(1, kmax + 1):
+            if counts[k]:
+                out.append(means[k])
+                continue
+            k0, k1 = sorted(drafted, key=lambda m: abs(m - k))[:2] if len(drafted) > 1 else (drafted[0], None)
+            if k1 is None:
+                extra = means[k0] - means[0]
+                out.append(means[k0] if n == ALONE else means[0] + extra * k / k0)
+            else:
+                out.append(means[k0] + (means[k1] - means[k0]) * (k - k0) / (k1 - k0))
+        return [out[0]] + [max(c, out[0]) for c in out[1:]]
+
     def row_costs(self, kmax: int) -> list[float]:
         """What k = 0..kmax draft rows add to a target step, from where that is observable. A request's own call time
         shows it only when the request is alone in flight: with others in the step, its k = 0 and k > 0 calls wait
         for the same steps, whose length the others' rows set too, so their difference reads rows as nearly free.
-        Alone measured at two k: that curve. Else what one more request (a row) adds to a plain step between the
-        lightest and heaviest measured loads. Else nothing (flat: a probe measures it)."""
+        Measured alone: that curve. Else what one more request (a row) adds to a plain step between the lightest
+        and heaviest measured loads. Else nothing (flat: a probe measures it)."""
+        alone = self._verify_curve(ALONE, kmax)
+        if alone is not None:
+            return [c - alone[0] for c in alone]
         means, counts = self.est.verify_s, self.est.verify_n
-        if np.count_nonzero(counts[:, ALONE]) >= 2:
-            alone = self._curve(means, counts, ALONE, kmax, proportional=False)
-            return [max(c - alone[0], 0.0) for c in alone]
         plain = np.flatnonzero(counts[0])
         per_row = 0.0
         if plain.size >= 2:
@@ -336,8 +360,9 @@ class GoodputController:
         k0 = int(seen[0])
         base = max(float(means[k0, col]) - rows[k0], 0.0)
         out = [base + rows[k] for k in range(kmax + 1)]
-        if seen.size >= 2:  # a lower bound at a load shared with others (see row_costs), exact alone
-            out = [max(a, b) for a, b in zip(out, self._curve(means, counts, n, kmax, proportional=False))]
+        own = self._verify_curve(col, kmax)
+        if own is not None:  # a lower bound at a load shared with others (see row_costs), exact alone
+            out = [max(a, b) for a, b in zip(out, own)]
         return out
 
     def verify_cost(self, k: int, load: int) -> float | None:
