@@ -307,6 +307,11 @@ def test_controller_tries_a_longer_draft_when_a_verify_call_costs_a_fixed_amount
         ks.append(choice.k)
     assert np.mean(ks[100:]) >= 3.5
     assert ctl.verify_cost(4, 1) == pytest.approx(0.064 + 0.080, rel=0.02)
+    fresh = _controller()
+    for _ in range(10):  # only k = 1 measured alone: k = 4 is priced as it, to be tried, not at 0.064 + 4 * 0.065
+        fresh.record(1, None, 0, 0, 0.064)
+        fresh.record(1, "ngram", 1, 1, 0.129)
+    assert fresh.verify_cost(4, 1) == pytest.approx(0.129)
 
 
 def test_controller_scales_a_draft_cost_measured_at_lighter_load():
