@@ -280,9 +280,9 @@ class GoodputController:
         return total
 
     @staticmethod
-    def _nearest_load(counts: np.ndarray, n: int, min_measured: int = 1) -> int | None:
-        """The load nearest n with at least `min_measured` k measured (n itself first); None if there is none."""
-        loads = np.flatnonzero((counts > 0).sum(axis=0) >= min_measured)
+    def _nearest_load(counts: np.ndarray, n: int) -> int | None:
+        """The load nearest n with any k measured (n itself first); None if there is none."""
+        loads = np.flatnonzero(counts.any(axis=0))
         return None if loads.size == 0 else int(loads[np.argmin(np.abs(loads - n))])
 
     @classmethod
