@@ -7,6 +7,7 @@ from scipy.stats import chisquare
 from trtspec.metrics import SpecStats
 from trtspec.drafters import propose_ngram as propose
 from trtspec.speculative import (
+    Choice,
     Estimates,
     GoodputController,
     SamplingParams,
@@ -195,7 +196,7 @@ def test_controller_drafts_shorter_as_load_raises_the_step_cost():
 
 def test_controller_comes_back_after_a_k0_stretch_when_acceptance_returns():
     dep, ctl = Deployment([0.02]), _controller(probe_every=8)
-    assert max(_ks(dep, ctl, 150, load=1)[100:], default=0) <= 1
+    assert np.mean(_ks(dep, ctl, 150, load=1)[100:]) < 0.2  # probes, and a try of a longer draft never measured
     dep.acceptance = [0.95]
     ks = _ks(dep, ctl, 150, load=1)
     assert np.mean(ks[-50:]) >= 3
@@ -258,6 +259,61 @@ def test_controller_never_takes_draft_rows_at_a_load_where_they_were_not_measure
     assert fresh.verify_cost(2, 8) == pytest.approx(0.110 + 2 * 0.010)
 
 
+def test_controller_prices_draft_rows_at_load_by_what_they_add_to_the_step_not_by_the_requests_own_wait():
+    # the demo's reference engine on 2 CPU cores: alone, a plain step 70 ms and each draft row +35 ms; at 8 in flight
+    # every call waits for the same ~250 ms steps whatever its own k (the others' rows lengthen them as much), so a
+    # request's k = 4 call and its k = 0 call take the same time there. Prompt lookup accepted 0.9 per position pays
+    # alone (4.1 tokens for 210 ms against 1 for 70) and not at 8 (4 rows, 140 ms of everyone's step, for 3.1 more
+    # tokens where a plain step's 1/8 share makes one in 31 ms)
+    rng = np.random.default_rng(0)
+    ctl = _controller(probe_every=8)
+
+    def iterate(load):
+        choice = ctl.choose(load, {"ngram": 4})
+        accepted = 0
+        while accepted < choice.k and rng.random() < 0.9:
+            accepted += 1
+        verify = 0.070 + 0.035 * choice.k if load == 1 else 0.250 + rng.normal(0, 0.01)
+        ctl.record(load, choice.source, choice.k, accepted, verify)
+        return choice
+
+    alone = [iterate(1) for _ in range(100)]
+    assert np.mean([c.k for c in alone[50:]]) >= 2
+    crowded = [iterate(8) for _ in range(300)]
+    assert sum(c.k > 0 and not c.probe for c in crowded[50:]) == 0
+    assert ctl.verify_cost(4, 8) == pytest.approx(0.250 + 4 * 0.035, rel=0.05)
+    # nobody alone yet: one more request in flight adds a row to the plain step (here 25 ms from 4 to 8 in flight)
+    fresh = _controller()
+    for _ in range(10):
+        fresh.record(4, None, 0, 0, 0.150)
+        fresh.record(8, None, 0, 0, 0.250)
+        fresh.record(8, "ngram", 4, 1, 0.250)
+    assert fresh.verify_cost(4, 8) == pytest.approx(0.250 + 4 * 0.025)
+
+
+def test_controller_tries_a_longer_draft_when_a_verify_call_costs_a_fixed_amount_more_than_a_plain_step():
+    # the reference engine on CPU: a plain step 64 ms, any call with drafts 64 + 60 + 5 k ms (a multi-token segment
+    # costs a fixed amount more). Measured at k = 1 only, k = 4 is not four times k = 1's extra: with prompt lookup
+    # accepting 0.9 per position, k = 4 (4.1 tokens for 184 ms) beats k = 1 (1.9 for 129) and a plain step
+    rng = np.random.default_rng(0)
+    ctl = _controller(probe_every=8)
+    ks = []
+    for _ in range(200):
+        choice = ctl.choose(1, {"ngram": 4})
+        accepted = 0
+        while accepted < choice.k and rng.random() < 0.9:
+            accepted += 1
+        ctl.record(1, choice.source, choice.k, accepted, 0.064 + (0.060 + 0.005 * choice.k if choice.k else 0.0))
+        ks.append(choice.k)
+    assert np.mean(ks[100:]) >= 3.5
+    assert ctl.verify_cost(4, 1) == pytest.approx(0.064 + 0.080, rel=0.02)
+    fresh = _controller()
+    for _ in range(10):  # only k = 1 measured alone: k = 4 is priced as it, to be tried, not at 0.064 + 4 * 0.065
+        fresh.record(1, None, 0, 0, 0.064)
+        fresh.record(1, "ngram", 1, 1, 0.129)
+    assert fresh.verify_cost(4, 1) == pytest.approx(0.129)
+
+
 def test_controller_scales_a_draft_cost_measured_at_lighter_load():
     ctl = _controller()
     for _ in range(20):
@@ -266,6 +322,20 @@ def test_controller_scales_a_draft_cost_measured_at_lighter_load():
         ctl.record(1, "model", 2, 1, 0.048, draft_s=0.010)
     assert ctl.draft_cost("model", 2, 1) == pytest.approx(0.010)
     assert ctl.draft_cost("model", 2, 8) == pytest.approx(0.030)
+
+
+def test_controller_does_not_probe_on_a_requests_first_call():
+    # a probe of the draft model on the first call would prefill the whole prompt on the draft model before the
+    # request's first token; the probe waits for the next iteration instead
+    ctl = _controller(probe_every=8)
+    for _ in range(20):
+        ctl.record(1, None, 0, 0, 0.040)
+        ctl.record(1, "model", 1, 0, 0.048, draft_s=0.010)
+    for _ in range(8):
+        assert ctl.choose(1, {"model": 4}).k == 0  # acceptance 0: plain steps until the probe is due
+        ctl.record(1, None, 0, 0, 0.040)
+    assert ctl.choose(1, {"model": 4}, missed=300, may_probe=False) == Choice(None, 0)
+    assert ctl.choose(1, {"model": 4}, missed=2).probe
 
 
 def test_controller_probes_are_the_deployments_not_each_requests():

@@ -311,7 +311,9 @@ class SpeculativeLoop:
             if adaptive and usable:
                 # sources that need no engine (prompt lookup) propose first, at no cost: a match bounds their k
                 free = {s: ask(s, d, k)[0] for s, d in usable if not SOURCES[s].needs_draft_model}
-                choice = controller.choose(load, {s: len(free[s].tokens) if s in free else k for s, _ in usable}, missed)
+                choice = controller.choose(
+                    load, {s: len(free[s].tokens) if s in free else k for s, _ in usable}, missed, bool(stats.num_iterations)
+                )
                 if choice.source in free:
                     proposal, used = Proposal(free[choice.source].tokens[: choice.k]), choice.source
                 elif choice.source is not None:

@@ -170,6 +170,7 @@ def fixed_draft_len(k: int, remaining: int) -> int:
 
 MAX_POSITIONS = 64  # SpeculativeConfig.max_draft_len's bound
 MAX_LOAD = 64  # requests in flight, as a cost-table key (more count as this many)
+ALONE = 1  # the load at which a request's own call time is the whole step's
 ESTIMATED_SOURCES = tuple(SOURCES)
 
 
@@ -279,9 +280,9 @@ class GoodputController:
         return total
 
     @staticmethod
-    def _nearest_load(counts: np.ndarray, n: int, min_measured: int = 1) -> int | None:
-        """The load nearest n with at least `min_measured` k measured (n itself first); None if there is none."""
-        loads = np.flatnonzero((counts > 0).sum(axis=0) >= min_measured)
+    def _nearest_load(counts: np.ndarray, n: int) -> int | None:
+        """The load nearest n with any k measured (n itself first); None if there is none."""
+        loads = np.flatnonzero(counts.any(axis=0))
         return None if loads.size == 0 else int(loads[np.argmin(np.abs(loads - n))])
 
     @classmethod
@@ -306,30 +307,63 @@ class GoodputController:
                 out.append(max(col[k0] + (col[k1] - col[k0]) * (k - k0) / (k1 - k0), 0.0))
         return out
 
+    def _verify_curve(self, n: int, kmax: int) -> list[float] | None:
+        """Seconds of a target call verifying k = 0..kmax drafts at load n, from what load n measured: None unless it
+        measured a plain step and some k >= 1. A call with drafts is a different computation from a plain step (a
+        multi-token segment, k + 1 logits rows) and can cost a fixed amount more whatever its k, so the k >= 1 part
+        is its own line, through the two nearest measured k >= 1. Beside the only one: alone (where a call's time is
+        exact and a try is cheap), flat, so that a longer draft is tried and measured, not assumed to cost k times
+        the first row's extra; at a load shared with others, in proportion to k from the plain step."""
+        means, counts = self.est.verify_s[:, n].tolist(), self.est.verify_n[:, n].tolist()
+        drafted = [k for k in range(1, len(counts)) if counts[k]]
+        if not counts[0] or not drafted:
+            return None
+        out = [means[0]]
+        for k in range(1, kmax + 1):
+            if counts[k]:
+                out.append(means[k])
+                continue
+            k0, k1 = sorted(drafted, key=lambda m: abs(m - k))[:2] if len(drafted) > 1 else (drafted[0], None)
+            if k1 is None:
+                extra = means[k0] - means[0]
+                out.append(means[k0] if n == ALONE else means[0] + extra * k / k0)
+            else:
+                out.append(means[k0] + (means[k1] - means[k0]) * (k - k0) / (k1 - k0))
+        return [out[0]] + [max(c, out[0]) for c in out[1:]]
+
+    def row_costs(self, kmax: int) -> list[float]:
+        """What k = 0..kmax draft rows add to a target step, from where that is observable. A request's own call time
+        shows it only when the request is alone in flight: with others in the step, its k = 0 and k > 0 calls wait
+        for the same steps, whose length the others' rows set too, so their difference reads rows as nearly free.
+        Measured alone: that curve. Else what one more request (a row) adds to a plain step between the lightest
+        and heaviest measured loads. Else nothing (flat: a probe measures it)."""
+        alone = self._verify_curve(ALONE, kmax)
+        if alone is not None:
+            return [c - alone[0] for c in alone]
+        means, counts = self.est.verify_s, self.est.verify_n
+        plain = np.flatnonzero(counts[0])
+        per_row = 0.0
+        if plain.size >= 2:
+            lo, hi = int(plain[0]), int(plain[-1])
+            per_row = max(float(means[0, hi] - means[0, lo]) / (hi - lo), 0.0)
+        return [per_row * k for k in range(kmax + 1)]
+
     def verify_costs(self, kmax: int, load: int) -> list[float] | None:
-        """Seconds of a target call verifying k = 0..kmax drafts at `load` in flight. Where that load has fewer
-        than two k measured, a draft row costs what it costs at the nearest load that measured two k (a row costs
-        about the same whoever else is in the step), or else what a request's row adds to a plain step between
-        the lightest and heaviest measured loads; flat only when neither is measured (a probe measures it)."""
+        """Seconds of a target call verifying k = 0..kmax drafts at `load` in flight: the plain step measured at the
+        nearest load, plus what the draft rows add to a step (row_costs), or more where this load measured more."""
         means, counts, n = self.est.verify_s, self.est.verify_n, load_key(load)
         col = self._nearest_load(counts, n)
         if col is None:
             return None
         seen = np.flatnonzero(counts[:, col])
-        if seen.size >= 2:
-            return self._curve(means, counts, n, kmax, proportional=False)
-        k0, base = int(seen[0]), float(means[seen[0], col])
-        m = self._nearest_load(counts, n, min_measured=2)
-        plain = np.flatnonzero(counts[0])
-        if m is not None:
-            ks = np.flatnonzero(counts[:, m])
-            per_row = float(means[ks[-1], m] - means[ks[0], m]) / int(ks[-1] - ks[0])
-        elif plain.size >= 2:
-            lo, hi = int(plain[0]), int(plain[-1])
-            per_row = float(means[0, hi] - means[0, lo]) / (hi - lo)
-        else:
-            per_row = 0.0
-        return [max(base + max(per_row, 0.0) * (k - k0), 0.0) for k in range(kmax + 1)]
+        rows = self.row_costs(max(kmax, int(seen[-1])))
+        k0 = int(seen[0])
+        base = max(float(means[k0, col]) - rows[k0], 0.0)
+        out = [base + rows[k] for k in range(kmax + 1)]
+        own = self._verify_curve(col, kmax)
+        if own is not None:  # a lower bound at a load shared with others (see row_costs), exact alone
+            out = [max(a, b) for a, b in zip(out, own)]
+        return out
 
     def verify_cost(self, k: int, load: int) -> float | None:
         curve = self.verify_costs(k, load)
@@ -360,9 +394,11 @@ class GoodputController:
 
     # -------------------------------------------------------------- the decision
 
-    def choose(self, load: int, candidates: Mapping[str, int], missed: int = 0) -> Choice:
+    def choose(self, load: int, candidates: Mapping[str, int], missed: int = 0, may_probe: bool = True) -> Choice:
         """`candidates`: source -> the most tokens it may propose now (for prompt lookup: its match's length);
-        `missed`: tokens the draft model would catch up on. Sources in asking order (the first wins a tie).
+        `missed`: tokens the draft model would catch up on; `may_probe` false: no probe now (a request's first
+        call, whose first token a probe of the draft model would delay by its prefill of the whole prompt: the
+        next iteration, this request's or another's, probes instead). Sources in asking order (the first wins a tie).
         Each candidate's value is its expected tokens per second, acceptance optimistic by its standard error."""
         kmax = max(candidates.values(), default=0)
         verify = self.verify_costs(kmax, load)
@@ -398,7 +434,7 @@ class GoodputController:
         for source, cap in candidates.items():
             si = ESTIMATED_SOURCES.index(source)
             interval = max(float(est.probe_interval[si]), every)
-            if source != best.source and cap > 0 and est.since[si] >= interval:
+            if may_probe and source != best.source and cap > 0 and est.since[si] >= interval:
                 est.since[si] = 0
                 if SOURCES[source].needs_draft_model:  # prompt lookup's probes cost a verify row, no engine step
                     est.probe_interval[si] = min(2 * interval, 8 * every)
