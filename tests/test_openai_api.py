@@ -8,6 +8,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -113,9 +114,10 @@ def _post(api, path: str, body: bytes | dict) -> tuple[int, dict]:
 
 
 @pytest.mark.slow
-def test_models_are_the_deployment_and_its_baseline(client, name) -> None:
+def test_models_are_the_deployment_and_its_baseline(client, triton, name) -> None:
     models = {m.id: m.model_extra["triton_model"] for m in client.models.list().data}
-    assert name == "spec-demo0"  # the repository's folder: a generated repository has no manifest
+    # the repository's folder (conftest's mktemp("demo-pair")): a generated repository has no manifest
+    assert name == Path(triton.options.model_repository).parent.name == "demo-pair0"
     assert models == {name: "ensemble", f"{name}-baseline": "baseline"}
 
 
