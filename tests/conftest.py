@@ -93,3 +93,36 @@ def write_echo_repository(root: Path) -> Path:
     """A one-model repository (`echo`: Y = X) for tests of the server itself, not of the models."""
     write_python_model(root, "echo", ECHO_CONFIG, ECHO_MODEL)
     return root
+
+
+# The demo pair on the reference engine, one Triton for the session: test_openai_api (its OpenAI front end on top) and
+# test_serving (Triton's own endpoints) test different faces of the same deployment, and a server start costs ~20 s.
+# Tests on it measure counters as deltas and leave every model loaded when they end.
+DEMO_PAIR_DEPLOYMENT = {
+    "name": "test",
+    "engine": "reference",
+    "device": "cpu",
+    "target": {"checkpoint": "demo:target", "dtype": "float32"},
+    # the trained demo draft; TRTSPEC_TEST_DRAFT points the suite at another draft checkpoint
+    "draft": {"checkpoint": os.environ.get("TRTSPEC_TEST_DRAFT", "demo:draft"), "dtype": "float32"},
+    "speculative": {"max_draft_len": 8, "num_draft_tokens": 3},
+    "limits": {"max_batch_size": 8, "max_input_len": 256, "max_seq_len": 320},
+    "triton": {"speculative_instance_count": 1},
+}
+
+
+@pytest.fixture(scope="session")
+def demo_pair_server(tmp_path_factory):
+    """A real Triton serving DEMO_PAIR_DEPLOYMENT (its repository: ``.options.model_repository``), with explicit model
+    control so that a test can unload the draft mid-run."""
+    from trtspec.config import parse_config
+    from trtspec.repository import generate_repository
+    from trtspec.server import ServerOptions, create_server
+
+    repo = generate_repository(parse_config(DEMO_PAIR_DEPLOYMENT),
+                               tmp_path_factory.mktemp("demo-pair") / "model_repository")
+    opts = ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto",
+                         model_control_mode="explicit", load_models=["*"])
+    with create_server(opts) as s:
+        s.wait_ready(300)
+        yield s

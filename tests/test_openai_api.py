@@ -8,17 +8,18 @@ import json
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import DEMO_PAIR_DEPLOYMENT
 from trtspec.client import Client
-from trtspec.config import parse_config
 from trtspec.openai.stop import StopMatcher
-from trtspec.repository import generate_repository
 
 MAX_TOKENS = 12
-MAX_INPUT_LEN = 256
+MAX_INPUT_LEN = DEMO_PAIR_DEPLOYMENT["limits"]["max_input_len"]
+MAX_DRAFT_LEN = DEMO_PAIR_DEPLOYMENT["speculative"]["max_draft_len"]
 QUESTION = "What is the capital of France?"
 COUNTING = "Count from one to one hundred: one, two, three, four,"
 TOP = 3  # top_logprobs asked in the tests
@@ -55,27 +56,13 @@ def test_bad_request_errors_from_triton_are_400() -> None:
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory):
+def deployment(demo_pair_server):
+    """The OpenAI front end on conftest's shared demo-pair Triton (DEMO_PAIR_DEPLOYMENT)."""
     from trtspec.openai.server import OpenAIServer
-    from trtspec.server import ServerOptions, create_server
 
-    cfg = parse_config({
-        "name": "test",
-        "engine": "reference",
-        "device": "cpu",
-        "target": {"checkpoint": "demo:target", "dtype": "float32"},
-        "draft": {"checkpoint": "demo:draft", "dtype": "float32"},
-        "speculative": {"max_draft_len": 4, "num_draft_tokens": 3},
-        "limits": {"max_batch_size": 4, "max_input_len": MAX_INPUT_LEN, "max_seq_len": 320},
-        "triton": {"speculative_instance_count": 2},
-    })
-    repo = generate_repository(cfg, tmp_path_factory.mktemp("spec-demo") / "model_repository")
-    opts = ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto",
-                         extra_env={"TRTSPEC_TORCH_THREADS": "1"})
-    with create_server(opts) as triton:
-        triton.wait_ready(300)
-        with OpenAIServer(repo, triton.endpoints.grpc_address, host="127.0.0.1", port=0) as api:
-            yield triton, api
+    with OpenAIServer(demo_pair_server.options.model_repository, demo_pair_server.endpoints.grpc_address,
+                      host="127.0.0.1", port=0) as api:
+        yield demo_pair_server, api
 
 
 @pytest.fixture(scope="module")
@@ -127,9 +114,10 @@ def _post(api, path: str, body: bytes | dict) -> tuple[int, dict]:
 
 
 @pytest.mark.slow
-def test_models_are_the_deployment_and_its_baseline(client, name) -> None:
+def test_models_are_the_deployment_and_its_baseline(client, triton, name) -> None:
     models = {m.id: m.model_extra["triton_model"] for m in client.models.list().data}
-    assert name == "spec-demo0"  # the repository's folder: a generated repository has no manifest
+    # the repository's folder (conftest's mktemp("demo-pair")): a generated repository has no manifest
+    assert name == Path(triton.options.model_repository).parent.name == "demo-pair0"
     assert models == {name: "ensemble", f"{name}-baseline": "baseline"}
 
 
@@ -250,7 +238,7 @@ def test_errors_have_the_openai_shape_and_the_server_stays_healthy(api, client, 
     for field, value in (("temperature", -1), ("top_p", 0), ("top_p", 1.5), ("max_tokens", 0), ("n", 0), ("n", 17),
                          ("num_draft_tokens", -1), ("draft_source", "oracle"), ("draft_length_policy", "x")):
         _assert_error(api, 400, {**ok, field: value}, field)
-    _assert_error(api, 400, {**ok, "num_draft_tokens": 99}, "num_draft_tokens", says="max_draft_len (4)")
+    _assert_error(api, 400, {**ok, "num_draft_tokens": 99}, "num_draft_tokens", says=f"max_draft_len ({MAX_DRAFT_LEN})")
     _assert_error(api, 400, {**ok, "messages": [{"role": "wizard", "content": "x"}]}, says="messages.0.role")
     _assert_error(api, 400, {**ok, "messages": []}, "messages")
     _assert_error(api, 400, {**ok, "logprobs": True, "top_logprobs": 21}, "top_logprobs", says="less than or equal to 20")

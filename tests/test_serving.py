@@ -8,7 +8,6 @@ requests get errors while the server stays up; an unloaded draft falls back to t
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -17,13 +16,9 @@ import numpy as np
 import pytest
 
 from trtspec.client import Client, ClientError
-from trtspec.config import parse_config
-from trtspec.repository import generate_repository
 
 pytestmark = pytest.mark.slow
 
-# the trained demo draft; TRTSPEC_TEST_DRAFT points the suite at another draft checkpoint
-DRAFT = os.environ.get("TRTSPEC_TEST_DRAFT", "demo:draft")
 MAX_TOKENS = 16
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 PASSAGE = (
@@ -56,29 +51,9 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from trtspec.server import ServerOptions, create_server
-
-    cfg = parse_config(
-        {
-            "name": "test",
-            "engine": "reference",
-            "device": "cpu",
-            "target": {"checkpoint": "demo:target", "dtype": "float32"},
-            "draft": {"checkpoint": DRAFT, "dtype": "float32"},
-            "speculative": {"max_draft_len": 8, "num_draft_tokens": 3},
-            "limits": {"max_batch_size": 8, "max_input_len": 256, "max_seq_len": 320},
-            "triton": {"speculative_instance_count": 1},
-        }
-    )
-    repo = generate_repository(cfg, tmp_path_factory.mktemp("repo") / "model_repository")
-    # explicit model control, so a test can unload the draft mid-run
-    opts = ServerOptions(
-        repo, http_port="auto", grpc_port="auto", metrics_port="auto", model_control_mode="explicit", load_models=["*"]
-    )
-    with create_server(opts) as s:
-        s.wait_ready(300)
-        yield s
+def server(demo_pair_server):
+    """conftest.DEMO_PAIR_DEPLOYMENT: max_draft_len 8, max_batch_size 8, max_input_len 256."""
+    return demo_pair_server
 
 
 def _client(server, protocol="http", model="ensemble"):
@@ -97,7 +72,12 @@ def baseline(server):
     return [g.token_ids for g in gens]
 
 
-GREEDY_CASES = [(k, stream, protocol) for k in (1, 3, 8) for stream in (False, True) for protocol in ("http", "grpc")]
+# the shortest draft and max_draft_len; the deployment's own k (3) is every other test's: the draft-source batch
+# (http), the log-probability tests (streamed, http and grpc) and the concurrent streams (grpc) each check it
+# token for token against the baseline
+GREEDY_DRAFT_LENGTHS = (1, 8)
+GREEDY_CASES = [(k, stream, protocol) for k in GREEDY_DRAFT_LENGTHS for stream in (False, True)
+                for protocol in ("http", "grpc")]
 
 
 def test_greedy_speculative_identical_to_baseline(server, baseline):
@@ -122,7 +102,7 @@ def test_greedy_speculative_identical_to_baseline(server, baseline):
         assert drafted > 0 and 0 < accepted <= drafted, case  # the draft took part, and some of it was accepted
         if case[1]:
             assert any(len(g.chunks) > 1 for g in mine.values()), case  # tokens really arrived in pieces
-    for k in (1, 3, 8):  # each draft length saw every prompt
+    for k in GREEDY_DRAFT_LENGTHS:  # each draft length saw every prompt
         assert sorted(i for (c, i) in gens if c[0] == k) == list(range(len(PROMPTS)))
 
 
