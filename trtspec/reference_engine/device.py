@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from trtspec.reference_engine import packed_linear
+
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # CPU flags (/proc/cpuinfo) of instructions that compute bf16 products natively: AVX-512 BF16 (Zen 4, Cooper
@@ -32,6 +34,10 @@ BATCH_EXACT_BF16 = False
 # local deployments; bench-engine measures with it): the draft and the target run in separate processes, and
 # OpenMP pools of several threads each on a few shared cores slow every forward down many times.
 CPU_THREADS_PER_ENGINE = 1
+
+# Whether tune_for_cpu packs the float32 decoder Linear layers with oneDNN (packed_linear); False gives nn.Linear
+# (MKL), the engine before packing (scripts/bench_engine_before_after.py compares them).
+PACK_LINEARS = os.environ.get("TRTSPEC_PACK_LINEARS", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -98,11 +104,15 @@ def tune_for_cpu(model: torch.nn.Module) -> None:
     * grouped-query attention inside SDPA: with more than one query row transformers passes a mask,
       and then (unless forced) expands K and V to every head — a copy of the whole KV cache per layer
       per call, which is what made verify cost grow with context. Forcing it is exact on CPU.
-    * with one torch thread (how trtspec serves on CPU), Linear weights stored column-major: the GEMM
-      kernels then read them as they are instead of packing them for every call with more than one
-      row. With 2 threads it slowed the 1-token step (by 16%), so it is left out there.
+    * float32 decoder Linear layers packed once by oneDNN (reference_engine.packed_linear): a row's product is
+      then bitwise the same in a decode, a verify and a batch, and few-row products are cheaper than MKL's.
+    * with one torch thread (how trtspec serves on CPU), the other Linear weights (the LM head) stored
+      column-major: the GEMM kernels then read them as they are instead of packing them for every call with
+      more than one row. With 2 threads it slowed the 1-token step (by 16%), so it is left out there.
     """
     os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+    if PACK_LINEARS and packed_linear.available():
+        packed_linear.pack_linears(model)
     if torch.get_num_threads() != 1:
         return
     for m in model.modules():
