@@ -39,12 +39,12 @@ class EngineLimits:
     verify_ms: dict[int, float] = field(default_factory=dict)  # tokens verified -> ms
     batch_ms: dict[int, float] = field(default_factory=dict)  # one-token rows -> ms
 
-    def marginal_row_ms(self) -> dict[int, float]:
-        """Rows -> ms one more one-token row adds around that batch size (a batch's step time over the next
-        smaller measured one, per added row; the loop's controller prices verify rows added at load)."""
+    def marginal_row_ms(self) -> dict[tuple[int, int], float]:
+        """(rows a, rows b) -> ms one more one-token row adds between two measured batch sizes (the loop's
+        controller prices verify rows added at load)."""
         sizes = [1, *sorted(self.batch_ms)]
         ms = {1: self.step_ms, **self.batch_ms}
-        return {b: (ms[b] - ms[a]) / (b - a) for a, b in zip(sizes, sizes[1:])}
+        return {(a, b): (ms[b] - ms[a]) / (b - a) for a, b in zip(sizes, sizes[1:])}
 
     def ratios(self) -> dict[str, tuple[float, float]]:
         """name -> (measured, target)."""
@@ -138,7 +138,7 @@ def report(r: EngineLimits) -> list[str]:
         f"  decode step             {r.step_ms:.1f} ms",
         "  verify                  " + "  ".join(f"{n} tok {ms:.1f} ms ({ms / r.step_ms:.2f}x)" for n, ms in r.verify_ms.items()),
         "  batch of 1-token rows   " + "  ".join(f"{m} rows {ms:.1f} ms ({ms / r.step_ms:.2f}x)" for m, ms in r.batch_ms.items()),
-        "  one more row, per row   " + "  ".join(f"up to {m} rows {ms:.1f} ms ({ms / r.step_ms:.2f}x a step)" for m, ms in r.marginal_row_ms().items()),
+        "  one more row            " + "  ".join(f"{a}->{b} rows {ms:.1f} ms/row ({ms / r.step_ms:.2f}x a step)" for (a, b), ms in r.marginal_row_ms().items()),
     ]
     for name, (value, target) in r.ratios().items():
         lines.append(f"  {name:22s}  {value:.2f} (target <= {target:g}: {'met' if value <= target else 'missed'})")
