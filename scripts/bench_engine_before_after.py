@@ -24,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LIMITS = REPO / "trtspec" / "reference_engine" / "limits.py"
-KINDS = {"weights (mm)": ("aten::mm", "aten::addmm"), "attention (SDPA)": ("aten::_scaled_dot_product",),
+KINDS = {"weights (mm)": ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"), "attention (SDPA)": ("aten::_scaled_dot_product",),
          "KV cat / copy": ("aten::cat", "aten::copy_")}
 
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from trtspec.reference_engine import EngineRequest, ReferenceEngine
-from trtspec.reference_engine.device import BATCH_EXACT_BF16, BATCH_INVARIANT
+from trtspec.reference_engine import packed_linear
+from trtspec.reference_engine.device import BATCH_EXACT_BF16, BATCH_INVARIANT, CPU_THREADS_PER_ENGINE, LINEAR_KERNELS
 
 DTYPES = ["float32", "bfloat16"]
 PROMPT = [1, 9690, 314, 253, 7018, 11173, 28, 3781, 2]  # tokens of the demo vocabulary
@@ -23,12 +24,23 @@ def _prompts(n):
     return [PROMPT[: 3 + i % 6] + [400 + 37 * i, 1200 + i] for i in range(n)]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The thread count an engine serves with (device.CPU_THREADS_PER_ENGINE): its CPU kernels depend on it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(CPU_THREADS_PER_ENGINE)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module", params=DTYPES)
-def pair(request, demo_pair):
+def pair(request, demo_pair, one_thread):
     with pytest.warns(UserWarning, match="without native bf16") if request.param == "bfloat16" and not _native_bf16() else nullcontext():
         target = ReferenceEngine(demo_pair.target, device="cpu", dtype=request.param)
     draft = ReferenceEngine(demo_pair.draft, device="cpu", dtype=request.param, salt=1)
     assert next(target.model.parameters()).dtype == getattr(torch, request.param)  # an explicit dtype is honoured
+    if request.param == "float32" and LINEAR_KERNELS != "mkl" and packed_linear.available():  # the served kernels
+        assert any(isinstance(m, packed_linear.PackedLinear) for m in target.model.modules())
     return request.param, target, draft
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from trtspec.reference_engine import packed_linear
+
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # CPU flags (/proc/cpuinfo) of instructions that compute bf16 products natively: AVX-512 BF16 (Zen 4, Cooper
@@ -32,6 +34,14 @@ BATCH_EXACT_BF16 = False
 # local deployments; bench-engine measures with it): the draft and the target run in separate processes, and
 # OpenMP pools of several threads each on a few shared cores slow every forward down many times.
 CPU_THREADS_PER_ENGINE = 1
+
+# The kernels of the float32 decoder Linear layers on CPU with one torch thread (tune_for_cpu):
+#   "mkl+onednn": a 1-row product (decode) on MKL, more rows (verify, batch) on oneDNN-packed weights
+#                 (packed_linear: 11-15% cheaper at 4-8 rows; the decoder's weights are held twice);
+#   "onednn":     every product on oneDNN: a row's product is bitwise the same for any row count, but a decode
+#                 step is 18% slower (AVX2 Zen 3, docs/benchmarks/engine.md);
+#   "mkl":        nn.Linear (MKL) with column-major weights, the engine before packing.
+LINEAR_KERNELS = os.environ.get("TRTSPEC_LINEAR_KERNELS", "mkl+onednn")
 
 
 @dataclass(frozen=True)
@@ -101,10 +111,16 @@ def tune_for_cpu(model: torch.nn.Module) -> None:
     * with one torch thread (how trtspec serves on CPU), Linear weights stored column-major: the GEMM
       kernels then read them as they are instead of packing them for every call with more than one
       row. With 2 threads it slowed the 1-token step (by 16%), so it is left out there.
+    * with one torch thread, float32 decoder Linear layers packed once by oneDNN for verify and batch
+      products (LINEAR_KERNELS, packed_linear); measured with one thread only.
     """
     os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
     if torch.get_num_threads() != 1:
         return
+    if LINEAR_KERNELS not in ("mkl", "mkl+onednn", "onednn"):
+        raise ValueError(f"TRTSPEC_LINEAR_KERNELS={LINEAR_KERNELS!r}: write mkl+onednn (the default), onednn or mkl")
+    if LINEAR_KERNELS != "mkl" and packed_linear.available():
+        packed_linear.pack_linears(model, gemv=LINEAR_KERNELS == "mkl+onednn")
     for m in model.modules():
         if isinstance(m, torch.nn.Linear) and m.weight.is_contiguous():
             m.weight.data = m.weight.data.t().contiguous().t()

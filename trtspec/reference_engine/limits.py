@@ -15,6 +15,12 @@ from trtspec.ragged import Segment
 from trtspec.reference_engine import ReferenceEngine
 from trtspec.reference_engine.kv_cache import new_cache
 
+try:
+    from trtspec.reference_engine.packed_linear import PackedLinear
+except ImportError:  # an earlier trtspec (scripts/bench_engine_before_after.py measures one with this module)
+    class PackedLinear:  # type: ignore[no-redef]
+        pass
+
 # The issue's targets (issue 27): ratios within one run.
 TARGET_STEP_OVER_LIMIT = 1.5
 TARGET_VERIFY4_OVER_STEP = 1.25
@@ -32,6 +38,13 @@ class EngineLimits:
     step_ms: float
     verify_ms: dict[int, float] = field(default_factory=dict)  # tokens verified -> ms
     batch_ms: dict[int, float] = field(default_factory=dict)  # one-token rows -> ms
+
+    def marginal_row_ms(self) -> dict[tuple[int, int], float]:
+        """(rows a, rows b) -> ms one more one-token row adds between two measured batch sizes (the loop's
+        controller prices verify rows added at load)."""
+        sizes = [1, *sorted(self.batch_ms)]
+        ms = {1: self.step_ms, **self.batch_ms}
+        return {(a, b): (ms[b] - ms[a]) / (b - a) for a, b in zip(sizes, sizes[1:])}
 
     def ratios(self) -> dict[str, tuple[float, float]]:
         """name -> (measured, target)."""
@@ -56,28 +69,34 @@ def _timed(fn: Callable[[], None], reps: int, after: Callable[[], None] = lambda
     return statistics.median(times) * 1e3
 
 
-def _weights(model: torch.nn.Module) -> list[torch.Tensor]:
-    """Every matrix a decode step multiplies by, once (a tied LM head is the embedding matrix: counted once)."""
+def _products(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every weight product of a decode step, once (a tied LM head is the embedding matrix: counted once)."""
     seen, out = set(), []
     for m in model.modules():
-        if isinstance(m, torch.nn.Linear) and id(m.weight) not in seen:
-            seen.add(id(m.weight))
-            out.append(m.weight.detach())
+        key = id(m.weight) if isinstance(m, torch.nn.Linear) else id(m) if isinstance(m, PackedLinear) else None
+        if key is not None and key not in seen:
+            seen.add(key)
+            out.append(m)
     return out
 
 
+def _nbytes(m: torch.nn.Module) -> int:
+    return m.nbytes if isinstance(m, PackedLinear) else m.weight.nbytes
+
+
 def streaming_gemv_ms(model: torch.nn.Module, reps: int) -> tuple[int, float]:
-    """(bytes, median ms) of one 1-row GEMV over each of the model's matrices as stored: the fastest this
-    machine reads those weights with torch's own kernels, nothing else in the way."""
-    weights = _weights(model)
-    xs = {w.shape[1]: torch.ones(1, w.shape[1], dtype=w.dtype) for w in weights}
+    """(bytes, median ms) of one 1-row product with each of the model's weight matrices as stored: the fastest
+    this machine reads those weights with the kernels the engine uses, nothing else in the way."""
+    products = _products(model)
+    dtype = next(model.parameters()).dtype
+    xs = {m.in_features: torch.ones(1, m.in_features, dtype=dtype) for m in products}
 
     def sweep() -> None:
-        for w in weights:
-            torch.nn.functional.linear(xs[w.shape[1]], w)
+        for m in products:
+            m(xs[m.in_features])
 
     with torch.inference_mode():
-        return sum(w.nbytes for w in weights), _timed(sweep, reps)
+        return sum(_nbytes(m) for m in products), _timed(sweep, reps)
 
 
 def measure(engine: ReferenceEngine, context: int = 64, verify: tuple[int, ...] = (2, 4, 8),
@@ -119,6 +138,7 @@ def report(r: EngineLimits) -> list[str]:
         f"  decode step             {r.step_ms:.1f} ms",
         "  verify                  " + "  ".join(f"{n} tok {ms:.1f} ms ({ms / r.step_ms:.2f}x)" for n, ms in r.verify_ms.items()),
         "  batch of 1-token rows   " + "  ".join(f"{m} rows {ms:.1f} ms ({ms / r.step_ms:.2f}x)" for m, ms in r.batch_ms.items()),
+        "  one more row            " + "  ".join(f"{a}->{b} rows {ms:.1f} ms/row ({ms / r.step_ms:.2f}x a step)" for (a, b), ms in r.marginal_row_ms().items()),
     ]
     for name, (value, target) in r.ratios().items():
         lines.append(f"  {name:22s}  {value:.2f} (target <= {target:g}: {'met' if value <= target else 'missed'})")

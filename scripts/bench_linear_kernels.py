@@ -1,0 +1,75 @@
+"""The reference engine's decode, verify and batched steps with each Linear kernel choice, interleaved in one process.
+
+    python scripts/bench_linear_kernels.py [--checkpoint PATH] [--kernels mkl,mkl+onednn,onednn] [--rounds 11]
+
+One engine per choice of device.LINEAR_KERNELS (float32, 1 torch thread, as the demo serves), each row with 64
+tokens of its own KV cache; every round times each cell once on every engine in turn, so a load change on a
+shared machine hits all of them alike. Medians over the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+CELLS = [(1, 1), (1, 4), (1, 8), (4, 1), (8, 1)]  # (rows, tokens per row)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--checkpoint", default=str(Path.home() / ".cache/trtspec/demo/target"))
+    ap.add_argument("--kernels", default="mkl,mkl+onednn,onednn")
+    ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--context", type=int, default=64)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    from trtspec.ragged import Segment
+    from trtspec.reference_engine import ReferenceEngine, device
+    from trtspec.reference_engine.kv_cache import new_cache
+
+    engines = {}
+    for k in a.kernels.split(","):
+        device.LINEAR_KERNELS = k
+        engines[k] = ReferenceEngine(a.checkpoint, dtype="float32")
+    ctx = a.context
+    bases = {}
+    for k, e in engines.items():
+        bases[k] = []
+        for i in range(max(r for r, _ in CELLS)):
+            s = Segment(new_cache(e.model.config), [(i * 7919 + j * 31) % 20000 + 100 for j in range(ctx)], 0, 1)
+            e.forward([s])
+            bases[k].append(s)
+
+    def once(k: str, rows: int, toks: int) -> float:
+        segs = [Segment(b.cache, [500 + j for j in range(toks)], ctx, toks) for b in bases[k][:rows]]
+        t = time.perf_counter()
+        engines[k].forward(segs)
+        dt = time.perf_counter() - t
+        for b in bases[k][:rows]:
+            b.cache.crop(-toks)
+        return dt * 1e3
+
+    times = {(k, c): [] for k in engines for c in CELLS}
+    with torch.inference_mode():
+        for k in engines:  # warm-up
+            for c in CELLS:
+                once(k, *c)
+        for _ in range(a.rounds):
+            for c in CELLS:
+                for k in engines:
+                    times[k, c].append(once(k, *c))
+    print(f"float32, 1 thread, {ctx} tokens of context per row, median of {a.rounds} interleaved rounds")
+    for k in engines:
+        med = {c: statistics.median(times[k, c]) for c in CELLS}
+        st = med[1, 1]
+        cells = "  ".join(f"{name} {med[c]:.1f} ms ({med[c] / st:.2f}x)" for name, c in
+                          [("verify 4", (1, 4)), ("verify 8", (1, 8)), ("4 rows", (4, 1)), ("8 rows", (8, 1))])
+        print(f"  {k:11s} step {st:.1f} ms  {cells}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
