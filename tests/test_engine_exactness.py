@@ -24,17 +24,19 @@ def _prompts(n):
     return [PROMPT[: 3 + i % 6] + [400 + 37 * i, 1200 + i] for i in range(n)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The thread count an engine serves with (device.CPU_THREADS_PER_ENGINE): its CPU kernels depend on it."""
+@pytest.fixture(scope="module")
+def served_threads():
+    """Sets torch's thread count: the one an engine serves with (device.CPU_THREADS_PER_ENGINE) for float32, whose
+    kernels depend on it (packed oneDNN products at one thread); bfloat16 has no such kernels and keeps the
+    process's count, since at one thread on a CPU without native bf16 its cases alone took 105 s of CI."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(CPU_THREADS_PER_ENGINE)
-    yield
+    yield lambda dtype: torch.set_num_threads(CPU_THREADS_PER_ENGINE if dtype == "float32" else threads)
     torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=DTYPES)
-def pair(request, demo_pair, one_thread):
+def pair(request, demo_pair, served_threads):
+    served_threads(request.param)
     with pytest.warns(UserWarning, match="without native bf16") if request.param == "bfloat16" and not _native_bf16() else nullcontext():
         target = ReferenceEngine(demo_pair.target, device="cpu", dtype=request.param)
     draft = ReferenceEngine(demo_pair.draft, device="cpu", dtype=request.param, salt=1)
