@@ -10,6 +10,8 @@ and stops a request when its client cancels it.
 
 from __future__ import annotations
 
+import faulthandler
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
@@ -94,6 +96,9 @@ def response_tensors(tokens: list[int], before: list[int], chunk: Step) -> dict[
     return out
 
 
+FINALIZE_STACKS_AFTER_S = 6
+
+
 class LoopModel:
     """Text in and text out (`text_input`, NVIDIA's ensemble and tensorrt_llm_bls interface; tokenized in-process
     with trtspec.text) or token ids in and out (`input_ids`, TensorRT-LLM's tensor names), per request."""
@@ -121,6 +126,9 @@ class LoopModel:
         return None
 
     def finalize(self) -> None:
+        # A stub that has not exited within Triton's exit timeout (10 s) leaves every thread's stack in Triton's
+        # log (the stub's stderr): such a stop has been seen, not yet explained (docs/benchmarks/faults.md).
+        faulthandler.dump_traceback_later(FINALIZE_STACKS_AFTER_S, file=sys.stderr)
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.in_flight.close()
         self.estimates.close()
