@@ -128,7 +128,10 @@ class LoopModel:
     def finalize(self) -> None:
         # A stub that has not exited within Triton's exit timeout (10 s) leaves every thread's stack in Triton's
         # log (the stub's stderr): such a stop has been seen, not yet explained (docs/benchmarks/faults.md).
-        faulthandler.dump_traceback_later(FINALIZE_STACKS_AFTER_S, file=sys.stderr)
+        try:
+            faulthandler.dump_traceback_later(FINALIZE_STACKS_AFTER_S, file=sys.stderr)
+        except (AttributeError, ValueError, OSError):  # a stderr without a file descriptor: no stacks, still stop
+            pass
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.in_flight.close()
         self.estimates.close()
