@@ -219,6 +219,12 @@ def _mean_update(means: np.ndarray, counts: np.ndarray, index: tuple, value: flo
     means[index] += weight * (value - means[index])
 
 
+def _through_nearest_two(values: list[float], measured: list[int], k: int) -> float:
+    """values[k] on the line through the two measured k nearest k (between or beyond them)."""
+    k0, k1 = sorted(measured, key=lambda m: abs(m - k))[:2]
+    return values[k0] + (values[k1] - values[k0]) * (k - k0) / (k1 - k0)
+
+
 def load_key(in_flight: int) -> int:
     return int(min(max(in_flight, 1), MAX_LOAD))
 
@@ -300,11 +306,11 @@ class GoodputController:
             if measured[k]:
                 out.append(col[k])
                 continue
-            k0, k1 = sorted(seen, key=lambda m: abs(m - k))[:2] if len(seen) > 1 else (seen[0], None)
-            if k1 is None:
-                out.append(col[k0] * k / k0 if proportional and k0 else col[k0])
+            if len(seen) > 1:
+                out.append(max(_through_nearest_two(col, seen, k), 0.0))
             else:
-                out.append(max(col[k0] + (col[k1] - col[k0]) * (k - k0) / (k1 - k0), 0.0))
+                k0 = seen[0]
+                out.append(col[k0] * k / k0 if proportional and k0 else col[k0])
         return out
 
     def _verify_curve(self, n: int, kmax: int) -> list[float] | None:
@@ -323,12 +329,11 @@ class GoodputController:
             if counts[k]:
                 out.append(means[k])
                 continue
-            k0, k1 = sorted(drafted, key=lambda m: abs(m - k))[:2] if len(drafted) > 1 else (drafted[0], None)
-            if k1 is None:
-                extra = means[k0] - means[0]
-                out.append(means[k0] if n == ALONE else means[0] + extra * k / k0)
+            if len(drafted) > 1:
+                out.append(_through_nearest_two(means, drafted, k))
             else:
-                out.append(means[k0] + (means[k1] - means[k0]) * (k - k0) / (k1 - k0))
+                k0 = drafted[0]
+                out.append(means[k0] if n == ALONE else means[0] + (means[k0] - means[0]) * k / k0)
         return [out[0]] + [max(c, out[0]) for c in out[1:]]
 
     def row_costs(self, kmax: int) -> list[float]:
