@@ -83,12 +83,12 @@ def row_major(engine) -> None:
     """Undo tune_for_cpu's column-major Linear weights (it stores them so with 1 thread): the layout as stored."""
     import torch
 
-    from trtspec.reference_engine.engine import plain_lm_head
+    from trtspec.reference_engine.engine import lm_head_product
 
     for m in engine.model.modules():
         if isinstance(m, torch.nn.Linear):
             m.weight.data = m.weight.data.contiguous()
-    engine._head = plain_lm_head(engine.model)
+    engine._head = lm_head_product(engine.model)
 
 
 def cell(label: str, threads: int, context: int, reps: int) -> None:

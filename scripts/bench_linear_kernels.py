@@ -1,10 +1,13 @@
 """The reference engine's decode, verify and batched steps with each Linear kernel choice, interleaved in one process.
 
     python scripts/bench_linear_kernels.py [--checkpoint PATH] [--kernels mkl,mkl+onednn,onednn] [--rounds 11]
+        [--model-head]
 
 One engine per choice of device.LINEAR_KERNELS (float32, 1 torch thread, as the demo serves), each row with 64
-tokens of its own KV cache; every round times each cell once on every engine in turn, so a load change on a
-shared machine hits all of them alike. Medians over the rounds.
+tokens of its own KV cache; with --model-head, also each with its logits from the model's own LM head module
+instead of engine.lm_head_product (the engine before the head followed the decoder's kernels). Every round
+times each cell once on every engine in turn, so a load change on a shared machine hits all of them alike.
+Medians over the rounds.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-CELLS = [(1, 1), (1, 4), (1, 8), (4, 1), (8, 1)]  # (rows, tokens per row)
+CELLS = [(1, 1), (1, 4), (1, 5), (1, 8), (4, 1), (8, 1)]  # (rows, tokens per row); 5 tokens: 4 drafts + 1
 
 
 def main() -> None:
@@ -25,6 +28,7 @@ def main() -> None:
     ap.add_argument("--kernels", default="mkl,mkl+onednn,onednn")
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--model-head", action="store_true", help="also each engine with the model's own LM head")
     a = ap.parse_args()
     torch.set_num_threads(1)
     from trtspec.ragged import Segment
@@ -35,6 +39,9 @@ def main() -> None:
     for k in a.kernels.split(","):
         device.LINEAR_KERNELS = k
         engines[k] = ReferenceEngine(a.checkpoint, dtype="float32")
+        if a.model_head:
+            engines[f"{k}, model's head"] = e = ReferenceEngine(a.checkpoint, dtype="float32")
+            e._head = None
     ctx = a.context
     bases = {}
     for k, e in engines.items():
@@ -67,8 +74,8 @@ def main() -> None:
         med = {c: statistics.median(times[k, c]) for c in CELLS}
         st = med[1, 1]
         cells = "  ".join(f"{name} {med[c]:.1f} ms ({med[c] / st:.2f}x)" for name, c in
-                          [("verify 4", (1, 4)), ("verify 8", (1, 8)), ("4 rows", (4, 1)), ("8 rows", (8, 1))])
-        print(f"  {k:11s} step {st:.1f} ms  {cells}", flush=True)
+                          [("verify 4 tok", (1, 4)), ("verify 5 tok", (1, 5)), ("verify 8 tok", (1, 8)), ("4 rows", (4, 1)), ("8 rows", (8, 1))])
+        print(f"  {k:24s} step {st:.1f} ms  {cells}", flush=True)
 
 
 if __name__ == "__main__":

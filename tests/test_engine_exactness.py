@@ -43,6 +43,7 @@ def pair(request, demo_pair, served_threads):
     assert next(target.model.parameters()).dtype == getattr(torch, request.param)  # an explicit dtype is honoured
     if request.param == "float32" and LINEAR_KERNELS != "mkl" and packed_linear.available():  # the served kernels
         assert any(isinstance(m, packed_linear.PackedLinear) for m in target.model.modules())
+        assert isinstance(target._head, packed_linear.PackedLinear)  # the LM head too: verify rows on oneDNN
     return request.param, target, draft
 
 

@@ -8,7 +8,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ from trtspec.reference_engine.device import _DTYPES, choose_precision, pick_devi
 from trtspec.reference_engine.draft_vocab import draft_head, load_draft_vocab
 from trtspec.reference_engine.eagle3 import InEngineDrafter
 from trtspec.reference_engine.kv_cache import new_cache
+from trtspec.reference_engine.packed_linear import PackedLinear
 from trtspec.reference_engine.prefix_cache import PrefixCache, cache_nbytes
 from trtspec.reference_engine.request import EngineRequest, EngineResult, Steps
 from trtspec.speculative import (
@@ -31,20 +32,32 @@ from trtspec.speculative import (
 )
 
 
-def plain_lm_head(model: torch.nn.Module) -> torch.Tensor | None:
-    """The LM head's weight [vocab, hidden] where the head is a plain linear map (no bias, softcapping or
-    logit scaling), else None.
+def lm_head_product(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """hidden rows [n, hidden] -> logits [n, vocab] for all of a step's rows at once, where the LM head is a plain
+    linear map (no bias, softcapping or logit scaling); None: the model's own head does it.
 
-    With it the engine computes a step's logits as head @ hidden^T: MKL then streams the 49k-row head once
-    for all the step's rows. The usual hidden @ head^T packs the whole head for every call with more than
-    one row (a verify, a batch), several times the head's bytes (docs/benchmarks/engine.md)."""
+    The head (49,152 x 576 for the demo target, tied to the embedding) is the largest single product of a step,
+    and how it is stored decides what a verify or a batch costs (AVX2 Zen 3, 1 thread, docs/benchmarks/engine.md):
+    * column-major (tune_for_cpu, one torch thread): MKL's 1-row product reads it at ~2x the row-major speed
+      (5.3 against 9.6 ms), but 5 rows cost 35 ms (6.7x). So the decoder's kernel choice applies to the head too:
+      PackedLinear keeps the 1-row product on this weight and gives 2+ rows oneDNN's packed copy (11.8 ms at
+      5 rows; +113 MB for the demo target);
+    * row-major (as loaded, more threads): head @ hidden^T, which MKL streams once for all the rows (the usual
+      hidden @ head^T packs the whole head for every multi-row call)."""
     head = model.get_output_embeddings()
     config = model.config
     plain = isinstance(head, torch.nn.Linear) and head.bias is None and not any(
         getattr(config, a, None) not in (None, 1.0) for a in ("final_logit_softcapping", "logit_scale", "logits_scaling")
     )
-    # a column-major head (tune_for_cpu transposes the tied embedding) makes this mm ~10x slower for a 4-row verify
-    return head.weight.detach() if plain and head.weight.is_contiguous() else None
+    if not plain:
+        return None
+    w = head.weight.detach()
+    if w.is_contiguous():
+        return lambda h: torch.mm(w, h.t()).t()
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    if packed and w.dtype == torch.float32 and w.device.type == "cpu":
+        return PackedLinear(head, gemv=packed[0].gemv is not None)
+    return None
 
 
 class ReferenceEngine:
@@ -74,7 +87,6 @@ class ReferenceEngine:
         if self.device == "cpu":
             tune_for_cpu(self.model)
         self.vocab_size = int(self.model.config.vocab_size)
-        self._head = plain_lm_head(self.model) if self.device == "cpu" else None
         # With a draft vocabulary the head scores only those ids; every other logit is -inf, so greedy and
         # sampled proposals and the draft logits returned for rejection sampling all stay within it.
         self.draft_vocab: torch.Tensor | None = None
@@ -85,6 +97,7 @@ class ReferenceEngine:
             except ValueError as e:
                 raise ValueError(f"{checkpoint}: {e}") from None
             self.draft_vocab = torch.tensor(ids, dtype=torch.long, device=self.device)
+        self._head = lm_head_product(self.model) if self.device == "cpu" and self.draft_vocab is None else None
         # An EAGLE-3 head drafting in this engine: a request's next_draft_len asks it for the next call's draft.
         self.eagle3 = InEngineDrafter(eagle3_head, self.model, cache_entries) if eagle3_head else None
         if cache_bytes is None and cache_tokens:  # a budget in tokens: this model's KV bytes per token decide
@@ -121,7 +134,7 @@ class ReferenceEngine:
         with torch.inference_mode():
             if self.draft_vocab is None and self._head is not None:
                 out = self.model.base_model(input_ids=ids, position_ids=pos, use_cache=False, **batch.kwargs())
-                logits = torch.mm(self._head, out.last_hidden_state[0, rows].t()).t().float().contiguous()
+                logits = self._head(out.last_hidden_state[0, rows]).float().contiguous()
             elif self.draft_vocab is None:
                 out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=rows, **batch.kwargs())
                 logits = out.logits[0].float()
