@@ -35,7 +35,8 @@ BATCH_EXACT_BF16 = False
 # OpenMP pools of several threads each on a few shared cores slow every forward down many times.
 CPU_THREADS_PER_ENGINE = 1
 
-# The kernels of the float32 decoder Linear layers on CPU with one torch thread (tune_for_cpu):
+# The kernels of the float32 decoder Linear layers on CPU with one torch thread (tune_for_cpu), and of a plain LM
+# head (engine.lm_head_product follows the decoder's choice):
 #   "mkl+onednn": a 1-row product (decode) on MKL, more rows (verify, batch) on oneDNN-packed weights
 #                 (packed_linear: 11-15% cheaper at 4-8 rows; the decoder's weights are held twice);
 #   "onednn":     every product on oneDNN: a row's product is bitwise the same for any row count, but a decode
