@@ -95,8 +95,9 @@ def write_echo_repository(root: Path) -> Path:
     return root
 
 
-# The demo pair on the reference engine, one Triton for the session: test_openai_api (its OpenAI front end on top) and
-# test_serving (Triton's own endpoints) test different faces of the same deployment, and a server start costs ~20 s.
+# The demo pair on the reference engine, one Triton for the session: test_bench (a bench sweep), test_openai_api (its
+# OpenAI front end on top) and test_serving (Triton's own endpoints) test different faces of the same deployment, and
+# a server start costs ~20 s.
 # Tests on it measure counters as deltas and leave every model loaded when they end.
 DEMO_PAIR_DEPLOYMENT = {
     "name": "test",
