@@ -122,8 +122,10 @@ def demo_pair_server(tmp_path_factory):
 
     repo = generate_repository(parse_config(DEMO_PAIR_DEPLOYMENT),
                                tmp_path_factory.mktemp("demo-pair") / "model_repository")
+    # exit timeout 3 s: nothing is in flight at the session's end, and a stop that hangs (docs/benchmarks/ci.md,
+    # "Found, not fixed") otherwise waits out Triton's default 10 s
     opts = ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto",
-                         model_control_mode="explicit", load_models=["*"])
+                         model_control_mode="explicit", load_models=["*"], exit_timeout_s=3)
     with create_server(opts) as s:
         s.wait_ready(300)
         yield s
