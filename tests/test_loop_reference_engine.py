@@ -385,7 +385,7 @@ def test_sampling_preserves_target_distribution(engines, vocab_engines, use_draf
     expected = _exact_two_token_distribution(engines["tensorrt_llm"], prompt, params)
     V = engines["tensorrt_llm"].vocab_size
     loop = SpeculativeLoop(loop_settings(), _engine_call(engines))
-    n = 2000
+    n = 1000
     counts = Counter()
     accepted = 0
     for i in range(n):
