@@ -292,7 +292,9 @@ def own_server(tmp_path):
     from trtspec.server import ServerOptions, create_server
 
     write_echo_repository(tmp_path)
-    opts = ServerOptions(tmp_path, http_port="auto", grpc_port="auto", metrics_port="auto", exit_timeout_s=EXIT_TIMEOUT_S)
+    # a small bound (1 s exit timeout + 2 s before the kill): the same stop path as the defaults' 10 + 10 s, sooner
+    opts = ServerOptions(tmp_path, http_port="auto", grpc_port="auto", metrics_port="auto", exit_timeout_s=1,
+                         kill_grace_s=2.0)
     with create_server(opts) as s:
         yield s
 

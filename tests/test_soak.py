@@ -160,7 +160,7 @@ def test_short_soak_against_real_triton(tmp_path):
     config["triton"]["speculative_instance_count"] = 2
     (tmp_path / "demo.yaml").write_text(yaml.safe_dump(config))
     out = tmp_path / "soak"
-    args = ["bench", "--config", str(tmp_path / "demo.yaml"), "--soak", "0.3", "--soak-streams", "4",
+    args = ["bench", "--config", str(tmp_path / "demo.yaml"), "--soak", "0.2", "--soak-streams", "4",
             "--soak-disconnect", "0.3", "--soak-bad", "0.3", "--soak-settle", "2", "--max-tokens", "16", "-o", str(out)]
     r = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert r.exit_code == 0, r.output

@@ -27,7 +27,7 @@ from trtspec.server import (
 from trtspec.server.health import DEFAULT_HEALTH_PORT, HealthServer, TritonHealth
 from trtspec.server.watchdog import ModelWatchdog
 
-_HELP_TEXT = """Serve a Triton model repository (e.g. the one `trtspec build` wrote) over HTTP and gRPC.
+_HELP = """Serve a Triton model repository (e.g. the one `trtspec build` wrote) over HTTP and gRPC.
 
 \b
 Starts tritonserver, waits until every model has loaded, prints the
@@ -39,8 +39,8 @@ the server log (exit code 1).
 \b
 Stopping is bounded whatever the clients do: on Ctrl-C / SIGTERM Triton
 gets --exit-timeout seconds to finish in-flight requests, and is killed
-(with its model processes) KILL_GRACE s after that, so `trtspec serve`
-returns within --exit-timeout + KILL_GRACE s. If Triton exits with an
+(with its model processes) --kill-grace seconds after that, so `trtspec
+serve` returns within --exit-timeout + --kill-grace. If Triton exits with an
 error (or has to be killed), `trtspec serve` exits 1 and says why.
 
 \b
@@ -83,7 +83,6 @@ Examples:
 """
 
 
-_HELP = _HELP_TEXT.replace("KILL_GRACE", f"{ServerOptions.kill_grace_s:g}")
 
 
 def _models_table(server: TritonServer, repo: Path) -> Table:
@@ -179,6 +178,8 @@ class _Follower:
 @click.option("--exit-timeout", default=ServerOptions.exit_timeout_s, show_default=True, type=click.IntRange(min=0),
               help="On Ctrl-C/SIGTERM: seconds Triton gets to finish in-flight requests before it is stopped "
                    "(see the bound above).")
+@click.option("--kill-grace", default=ServerOptions.kill_grace_s, show_default=True, type=click.FloatRange(min=0),
+              help="On Ctrl-C/SIGTERM: seconds past --exit-timeout before Triton and its model processes are killed.")
 @click.option("--tritonserver", "tritonserver", default=None, metavar="PATH|bundled",
               help="tritonserver binary to use [default: see above; also $TRITONSERVER].")
 @click.option("--disable-auto-complete-config", is_flag=True,
@@ -209,6 +210,7 @@ def serve(
     follow_log: bool,
     timeout: float,
     exit_timeout: int,
+    kill_grace: float,
     tritonserver: str | None,
     disable_auto_complete_config: bool,
     openai_port: int,
@@ -233,6 +235,7 @@ def serve(
         tritonserver=tritonserver,
         disable_auto_complete_config=disable_auto_complete_config,
         exit_timeout_s=exit_timeout,
+        kill_grace_s=kill_grace,
         ready_timeout_s=timeout,
     )
     try:
