@@ -174,6 +174,29 @@ def test_plan_cells_adds_the_fixed_k_candidates():
     assert [c.label for c in cells] == ["c=1 baseline", "c=1 k=2", "c=1 k=3 fixed"]
 
 
+def test_rounds_interleave_the_cells_of_a_concurrency_a_b_b_a():
+    from trtspec.bench.runner import BenchError, measured_schedule
+
+    s = BenchSettings(concurrency=[1, 4], draft_tokens=[2], k0_on_ensemble=True, requests_per_cell=8, rounds=3)
+    cells = plan_cells(s)
+    at1 = [c for c in cells if c.concurrency == 1]
+    sched = [(c.label, list(r)) for c, r in measured_schedule(s, at1)]
+    assert sched == [("c=1 baseline", [0, 1]), ("c=1 k=0 (ensemble)", [0, 1]), ("c=1 k=2", [0, 1]),
+                     ("c=1 k=2", [2, 3, 4]), ("c=1 k=0 (ensemble)", [2, 3, 4]), ("c=1 baseline", [2, 3, 4]),
+                     ("c=1 baseline", [5, 6, 7]), ("c=1 k=0 (ensemble)", [5, 6, 7]), ("c=1 k=2", [5, 6, 7])]
+    # a round never has fewer requests than clients in flight: 8 requests at c=4 make 2 rounds, not 3
+    at4 = [c for c in cells if c.concurrency == 4]
+    assert [(c.label, list(r)) for c, r in measured_schedule(s, at4)][:4] == [
+        ("c=4 baseline", [0, 1, 2, 3]), ("c=4 k=0 (ensemble)", [0, 1, 2, 3]), ("c=4 k=2", [0, 1, 2, 3]),
+        ("c=4 k=2", [4, 5, 6, 7])]
+    # one round is the plain sequence
+    s.rounds = 1
+    assert [(c.label, list(r)) for c, r in measured_schedule(s, at1)] == [(c.label, list(range(8))) for c in at1]
+    s.rounds = 9
+    with pytest.raises(BenchError, match="rounds must be between 1 and the requests per cell"):
+        s.validate()
+
+
 def test_each_cell_sends_its_own_policy():
     from trtspec.bench.runner import cell_policy
 
@@ -252,7 +275,7 @@ def _synthetic_run(fixed_tok_s, adaptive_tok_s, counts=None):
         rec.chunk_times, rec.chunk_tokens = [10 / tok_s], [10]  # end = the last response
         if counts and cell.endpoint == ENSEMBLE and cell.policy is None:
             rec.stats.draft_len_counts = counts[cell.concurrency]
-        runs.append(CellRun(cell, [rec], [], 0.0, 10 / tok_s))
+        runs.append(CellRun(cell, [rec], [], [(0.0, 10 / tok_s)]))
     check = {"status": "skipped", "url": None, "reason": "disabled", "models": {}}
     return BenchRun(settings, builtin_prompts()[:1], runs, 0.0, "2026-11-25T00:00:00+00:00", 1.0, check)
 
@@ -410,15 +433,15 @@ def test_help_teaches():
 
 MAX_TOKENS = 8
 SWEEP = ["--concurrency", "1,2", "--draft-tokens", "0,2", "--k0-on-ensemble", "--fixed-k", "0,1", "--requests", "2",
-         "--warmup", "1", "--max-tokens", str(MAX_TOKENS), "--num-prompts", "2"]
+         "--rounds", "2", "--warmup", "1", "--max-tokens", str(MAX_TOKENS), "--num-prompts", "2"]
 
 STAT_FIELDS = set(st.STAT_KEYS)
 TOP_FIELDS = {"schema_version", "tool", "trtspec_version", "started_at", "duration_s", "settings", "prompts", "cells",
               "summary", "metrics_check", "profile", "requests", "files"}
 SETTINGS_FIELDS = {"url", "protocol", "metrics_url", "max_tokens", "concurrency", "draft_tokens", "draft_source",
-                   "draft_length_policy", "k0_on_ensemble", "fixed_k", "requests_per_cell", "warmup_per_cell", "profile"}
+                   "draft_length_policy", "k0_on_ensemble", "fixed_k", "requests_per_cell", "warmup_per_cell", "rounds", "profile"}
 CELL_FIELDS = {"label", "concurrency", "num_draft_tokens", "endpoint", "speculative", "num_requests", "num_ok",
-               "num_errors", "num_warmup", "errors", "wall_s", "output_tokens", "output_tokens_per_s",
+               "num_errors", "num_warmup", "errors", "wall_s", "rounds", "output_tokens", "output_tokens_per_s",
                "requests_per_s", "ended_early", "output_tokens_per_request", "ttft_s", "itl_token_s", "itl_chunk_s",
                "tpot_s", "e2e_s", "tokens_per_s_per_user", "tokens_per_response", "client_overhead_s",
                "client_overhead_fraction", "acceptance", "speedup", "draft_length_policy", "k_chosen", "vs_best_fixed"}
@@ -490,6 +513,8 @@ def test_sweep_results_json(sweep):
         for name in CELL_STATS:
             _check_stats(c[name], (key, name))
         assert c["num_requests"] == c["num_ok"] == 2 and c["num_errors"] == 0 and c["num_warmup"] == 1
+        # --rounds 2: two rounds of one request at c=1; at c=2 a round of one would leave a client idle, so one
+        assert c["rounds"] == (2 if key[0] == 1 else 1), key
         assert c["ttft_s"]["n"] == c["e2e_s"]["n"] == 2
         assert c["ttft_s"]["max"] <= c["e2e_s"]["max"]
         assert c["output_tokens"] <= 2 * MAX_TOKENS

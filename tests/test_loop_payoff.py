@@ -88,3 +88,44 @@ def test_zero_draft_tokens_is_a_plain_loop(demo_untrained):
     spec = SpeculativeLoop(loop_settings(draft_length_policy="adaptive"), calls)
     _, stats = _run(spec, prompt=[1, 2, 3, 4], max_tokens=12, num_draft_tokens=0, draft_source="hybrid")
     assert calls.calls["tensorrt_llm_draft"] == 0 and stats.draft_len_counts == [stats.num_iterations]
+
+
+def test_a_request_learns_its_prompt_lookups_pay_without_drafting_them(demo_pair, demo_untrained, monkeypatch):
+    # The deployment's prompt lookups were rejected (chat requests, primed below); this request copies a passage,
+    # so its lookups are right. The loop scores each lookup it did not draft against what the target then
+    # produced, so the request starts drafting them within a few tokens instead of waiting for probes.
+    from transformers import AutoTokenizer
+
+    from trtspec.config import AdaptivePolicy
+    from trtspec.drafters import estimate_key
+    from trtspec.speculative import ESTIMATED_SOURCES, GoodputController
+
+    tok = AutoTokenizer.from_pretrained(str(demo_pair.target))
+    passage = "The quick brown fox jumps over the lazy dog near the river bank at dawn."
+    text = tok.apply_chat_template([{"role": "user", "content": f"Repeat this sentence three times: {passage}"}],
+                                   add_generation_prompt=True, tokenize=False)
+    prompt = tok(text, add_special_tokens=False)["input_ids"]
+    want, _ = _run(SpeculativeLoop(loop_settings(draft_disabled=True), Counted(demo_untrained)), prompt=prompt,
+                   max_tokens=48)
+
+    def accepted(score: bool) -> tuple[int, float]:
+        estimates = Estimates()
+        primer = GoodputController(estimates, AdaptivePolicy())
+        for _ in range(30):
+            primer.record(1, None, 0, 0, 0.070)
+            for level in range(1, 4):
+                primer.record(1, estimate_key("ngram", level), 4, 0, 0.140)
+        if not score:
+            monkeypatch.setattr(GoodputController, "observe", lambda *a, **kw: None)
+        spec = SpeculativeLoop(loop_settings(draft_length_policy="adaptive", num_draft_tokens=4),
+                               Counted(demo_untrained), estimates=estimates)
+        got, stats = _run(spec, prompt=prompt, max_tokens=48, draft_source="ngram")
+        monkeypatch.undo()
+        assert got == want
+        i = ESTIMATED_SOURCES.index(estimate_key("ngram", 3))
+        return stats.total_accepted_draft_tokens, estimates.accepted[i, 0] / estimates.reached[i, 0]
+
+    (scored, learnt), (unscored, stuck) = accepted(True), accepted(False)
+    # what the deployment now believes of 3-token lookups (every lookup counts, drafted or not: no timing in it);
+    # what the request gained from believing it early depends on measured costs, so it is only reported
+    assert learnt > 4 * stuck, (learnt, stuck, scored, unscored)

@@ -5,8 +5,9 @@ import pytest
 from scipy.stats import chisquare
 
 from trtspec.metrics import SpecStats
-from trtspec.drafters import propose_ngram as propose
+from trtspec.drafters import estimate_key, ngram_match
 from trtspec.speculative import (
+    ESTIMATED_SOURCES,
     Choice,
     Estimates,
     GoodputController,
@@ -21,6 +22,10 @@ from trtspec.speculative import (
     verify_greedy,
     verify_rejection,
 )
+
+
+def propose(tokens, k, n_max=3, n_min=1):
+    return ngram_match(tokens, k, n_max, n_min)[0]
 
 
 def test_greedy_accepts_matching_prefix_then_takes_target_token():
@@ -151,6 +156,9 @@ class Deployment:
         return choice
 
 
+NGRAM = estimate_key("ngram", 3)  # prompt lookup's acceptance estimate for a 3-token match
+
+
 def _controller(**settings):
     from trtspec.config import AdaptivePolicy
 
@@ -204,14 +212,14 @@ def test_controller_comes_back_after_a_k0_stretch_when_acceptance_returns():
 
 def test_controller_prefers_free_prompt_lookup_and_blends_the_request_history():
     dep, ctl = Deployment([0.6], draft_per_token=0.010), _controller()
-    _ks(dep, ctl, 200, load=1, sources=("ngram", "model"))
-    choice = ctl.choose(1, {"ngram": 4, "model": 6})
-    choice = ctl.choose(1, {"ngram": 4, "model": 6}) if choice.probe else choice  # the deployment's probe is due
-    assert choice.source == "ngram" and not choice.probe
+    _ks(dep, ctl, 200, load=1, sources=(NGRAM, "model"))
+    choice = ctl.choose(1, {NGRAM: 4, "model": 6})
+    choice = ctl.choose(1, {NGRAM: 4, "model": 6}) if choice.probe else choice  # the deployment's probe is due
+    assert choice.source == NGRAM and not choice.probe
     # a new request of the same deployment starts from what the deployment learnt
     fresh = GoodputController(ctl.est, ctl.settings)
-    assert fresh.choose(1, {"ngram": 4}).k >= 1
-    assert fresh.expected_accepted("ngram", 3) == pytest.approx(ctl.expected_accepted("ngram", 3), rel=0.3)
+    assert fresh.choose(1, {NGRAM: 4}).k >= 1
+    assert fresh.expected_accepted(NGRAM, 3) == pytest.approx(ctl.expected_accepted(NGRAM, 3), rel=0.3)
 
 
 def test_controller_charges_the_draft_models_catch_up():
@@ -250,7 +258,7 @@ def test_controller_never_takes_draft_rows_at_a_load_where_they_were_not_measure
     ctl = _controller()
     for _ in range(20):  # at 1 in flight: a plain step 40 ms, 4 ms per draft row
         for k in (0, 3):
-            ctl.record(1, "ngram" if k else None, k, 0, 0.040 + 0.004 * k)
+            ctl.record(1, NGRAM if k else None, k, 0, 0.040 + 0.004 * k)
         ctl.record(8, None, 0, 0, 0.150)  # at 8 only plain steps were measured
     assert ctl.verify_cost(3, 8) == pytest.approx(0.150 + 3 * 0.004)  # a row's cost from load 1, not flat
     fresh = _controller()
@@ -269,7 +277,7 @@ def test_controller_prices_draft_rows_at_load_by_what_they_add_to_the_step_not_b
     ctl = _controller(probe_every=8)
 
     def iterate(load):
-        choice = ctl.choose(load, {"ngram": 4})
+        choice = ctl.choose(load, {NGRAM: 4})
         accepted = 0
         while accepted < choice.k and rng.random() < 0.9:
             accepted += 1
@@ -287,7 +295,7 @@ def test_controller_prices_draft_rows_at_load_by_what_they_add_to_the_step_not_b
     for _ in range(10):
         fresh.record(4, None, 0, 0, 0.150)
         fresh.record(8, None, 0, 0, 0.250)
-        fresh.record(8, "ngram", 4, 1, 0.250)
+        fresh.record(8, NGRAM, 4, 1, 0.250)
     assert fresh.verify_cost(4, 8) == pytest.approx(0.250 + 4 * 0.025)
 
 
@@ -299,7 +307,7 @@ def test_controller_tries_a_longer_draft_when_a_verify_call_costs_a_fixed_amount
     ctl = _controller(probe_every=8)
     ks = []
     for _ in range(200):
-        choice = ctl.choose(1, {"ngram": 4})
+        choice = ctl.choose(1, {NGRAM: 4})
         accepted = 0
         while accepted < choice.k and rng.random() < 0.9:
             accepted += 1
@@ -310,7 +318,7 @@ def test_controller_tries_a_longer_draft_when_a_verify_call_costs_a_fixed_amount
     fresh = _controller()
     for _ in range(10):  # only k = 1 measured alone: k = 4 is priced as it, to be tried, not at 0.064 + 4 * 0.065
         fresh.record(1, None, 0, 0, 0.064)
-        fresh.record(1, "ngram", 1, 1, 0.129)
+        fresh.record(1, NGRAM, 1, 1, 0.129)
     assert fresh.verify_cost(4, 1) == pytest.approx(0.129)
 
 
@@ -336,6 +344,47 @@ def test_controller_does_not_probe_on_a_requests_first_call():
         ctl.record(1, None, 0, 0, 0.040)
     assert ctl.choose(1, {"model": 4}, missed=300, may_probe=False) == Choice(None, 0)
     assert ctl.choose(1, {"model": 4}, missed=2).probe
+
+
+def test_controller_asks_an_in_engine_drafter_for_a_draft_only_when_the_next_iteration_may_use_it():
+    # EAGLE-3 in the target drafts for the next call when asked: asked on every call, a k = 0 stretch would pay
+    # the head's drafting on each plain step; asked only when drafting pays or its probe is due, it does not
+    ctl = _controller(probe_every=8)
+    assert not ctl.drafts_next("model", 4, load=1)  # a fresh deployment: nothing measured, no probe due yet
+    for _ in range(20):
+        ctl.record(1, None, 0, 0, 0.040)
+        ctl.record(1, "model", 3, 0, 0.060, draft_s=0.0)
+    asked = []
+    for _ in range(40):  # acceptance 0: plain steps, one probe per interval, announced one iteration before it
+        asked.append(ctl.drafts_next("model", 4, load=1))
+        choice = ctl.choose(1, {"model": 4})
+        assert choice.k == 0 or choice.probe
+        ctl.record(1, choice.source, choice.k, 0, 0.040 if choice.k == 0 else 0.060, 0.0)
+    assert 1 <= sum(asked) <= 40 // 8
+    assert not ctl.drafts_next("model", 0, load=1)
+    for _ in range(30):  # once its drafts are accepted, it drafts: asked every iteration
+        ctl.record(1, "model", 3, 3, 0.060, draft_s=0.0)
+    assert ctl.drafts_next("model", 4, load=1) and ctl.choose(1, {"model": 4}).k >= 3
+
+
+def test_controller_learns_a_requests_prompt_lookup_rate_from_proposals_it_did_not_draft():
+    # the deployment's prompt lookups are mostly accepted (grounded requests); this request's are not (chat that
+    # happens to repeat a few words): scored for free against what the target produced, it stops drafting them
+    est = Estimates()
+    from trtspec.config import AdaptivePolicy
+
+    grounded = GoodputController(est, AdaptivePolicy())
+    for _ in range(20):
+        grounded.record(1, None, 0, 0, 0.040)
+        grounded.record(1, NGRAM, 4, 4, 0.080)  # a verify call costs 2 plain steps, as on the CPU engine
+    chat = GoodputController(est, AdaptivePolicy())
+    assert chat.choose(1, {NGRAM: 4}).k >= 1  # new request: the deployment's rate, which pays
+    for _ in range(20):
+        chat.observe(NGRAM, 4, 0)
+    assert chat.choose(1, {NGRAM: 4}).k == 0
+    assert GoodputController(est, AdaptivePolicy()).choose(1, {NGRAM: 4}).k >= 1  # the next request starts over
+    chat.observe(NGRAM, 0, 0)  # no proposal: no sample
+    assert chat.reached[ESTIMATED_SOURCES.index(NGRAM), 0] == 20
 
 
 def test_controller_probes_are_the_deployments_not_each_requests():
@@ -415,3 +464,20 @@ def test_ngram_respects_min_n():
     seq = [1, 2, 3, 9, 3]
     assert propose(seq, 2, n_max=3, n_min=1) == [9, 3]
     assert propose(seq, 2, n_max=3, n_min=2) == []
+
+
+def test_prompt_lookup_is_estimated_by_the_length_of_its_match():
+    # "a b c ... a b c" matches 3 tokens, "x ... x" only 1: their acceptance differs (1-token matches are mostly
+    # wrong), so the controller keeps one estimate per match level and a request's poor 1-token lookups do not
+    # hold back its 3-token ones
+    assert ngram_match([1, 2, 3, 9, 1, 2, 3], 2) == ([9, 1], 3)
+    assert ngram_match([5, 9, 7, 5], 2) == ([9, 7], 1)
+    assert ngram_match([5, 9, 7], 2) == ([], 0)
+    assert [estimate_key("ngram", n) for n in (1, 2, 3, 7)] == ["ngram@1", "ngram@2", "ngram@3", "ngram@3"]
+    assert estimate_key("model") == "model" and set(ESTIMATED_SOURCES) == {"model", "ngram@1", "ngram@2", "ngram@3"}
+    ctl = _controller()
+    for _ in range(30):
+        ctl.record(1, None, 0, 0, 0.040)
+        ctl.record(1, NGRAM, 4, 4, 0.060)
+        ctl.observe("ngram@1", 4, 0)
+    assert ctl.choose(1, {NGRAM: 4}).k == 4 and ctl.choose(1, {"ngram@1": 4}).k == 0

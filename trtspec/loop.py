@@ -22,7 +22,9 @@ from pydantic import BaseModel, ConfigDict
 
 from trtspec.config import SpeculativeConfig
 from trtspec.contract import REQUEST_FIELDS, RequestError
-from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target
+from trtspec.drafters import (
+    SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target, estimate_key, source_of,
+)
 from trtspec.logprobs import TopLogProbs
 from trtspec.metrics import SpecStats
 from trtspec.speculative import Estimates, GoodputController, draft_len_at_load, find_stop, fixed_draft_len
@@ -132,6 +134,18 @@ def validate(req: LoopRequest, settings: LoopSettings) -> None:
 
 def _i32(*v: int) -> np.ndarray:
     return np.array([list(v)], dtype=np.int32)
+
+
+def _scored(controller: GoodputController, proposal: tuple[str, int, list[int]], seq: Sequence[int]) -> bool:
+    """Score a proposal that was not drafted against what the target produced since (`seq`), once that decides
+    it: a mismatch, or every position produced. True when scored."""
+    source, at, tokens = proposal
+    produced = seq[at : at + len(tokens)]
+    matched = next((i for i, (a, b) in enumerate(zip(tokens, produced)) if a != b), len(produced))
+    if matched == len(produced) < len(tokens):
+        return False  # still matching, not all produced yet
+    controller.observe(source, len(tokens), matched)
+    return True
 
 
 class SpeculativeLoop:
@@ -279,6 +293,7 @@ class SpeculativeLoop:
         seq, generated = list(req.prompt), []
         failed: set[str] = set()
         draft_seen = 0  # tokens of seq the draft model holds (it catches up on the rest when it drafts next)
+        unverified: list[tuple[str, int, list[int]]] = []  # free proposals not drafted: (source, at len(seq), tokens)
 
         def ask(source: str, drafter: Drafter, k: int) -> tuple[Proposal, float]:
             t0 = time.perf_counter()
@@ -311,26 +326,44 @@ class SpeculativeLoop:
             if adaptive and usable:
                 # sources that need no engine (prompt lookup) propose first, at no cost: a match bounds their k
                 free = {s: ask(s, d, k)[0] for s, d in usable if not SOURCES[s].needs_draft_model}
-                choice = controller.choose(
-                    load, {s: len(free[s].tokens) if s in free else k for s, _ in usable}, missed, bool(stats.num_iterations)
-                )
-                if choice.source in free:
-                    proposal, used = Proposal(free[choice.source].tokens[: choice.k]), choice.source
-                elif choice.source is not None:
-                    proposal, draft_s = ask(choice.source, dict(usable)[choice.source], choice.k)
-                    used = choice.source if proposal.tokens else None
+                # what each source may propose now: prompt lookup its match, the target's own drafter what its
+                # last answer carried, the draft model up to k
+                keys = {s: estimate_key(s, free[s].match if s in free else 0) for s, _ in usable}
+                caps = {keys[s]: len(free[s].tokens) if s in free else min(k, len(d.next)) if d is in_target else k
+                        for s, d in usable}
+                choice = controller.choose(load, caps, missed, bool(stats.num_iterations))
+                chosen = source_of(choice.source) if choice.source is not None else None
+                if chosen in free:
+                    proposal, used = Proposal(free[chosen].tokens[: choice.k]), chosen
+                elif chosen is not None:
+                    proposal, draft_s = ask(chosen, dict(usable)[chosen], choice.k)
+                    used = chosen if proposal.tokens else None
+                used_key = keys.get(used) if used else None
+                unverified += [(keys[s], len(seq), p.tokens) for s, p in free.items() if s != used and p.tokens]
             else:
                 for source, drafter in usable:  # fixed: the first source with a proposal wins
                     proposal, seconds = ask(source, drafter, k)
                     if proposal.tokens:
                         used, draft_s = source, seconds
                         break
+                used_key = estimate_key(used, proposal.match) if used else None
             draft = proposal.tokens
             stats.load_paused_iterations += bool(lookup_only and k and not draft)  # the model would have drafted
+            # The target's own drafter (EAGLE-3) drafts for the next call as asked. Through a k = 0 stretch it is
+            # asked for one token: that keeps its cache current for ~4% of a step (demo target, 1 thread), where
+            # asking for none would make the first call after the stretch recompute every position it missed.
+            next_k = 0
+            if in_target is not None and k:
+                next_k = k if not adaptive or controller.drafts_next("model", k, load) else 1
+            clean = bool(stats.num_iterations)  # the request's first call carries its prompt's prefill
+            if in_target is not None:
+                # a call's time includes the drafting it asks for: a clean sample of its k only where that
+                # drafting goes with it (drafting on from the head, or a plain step in a stretch)
+                clean = clean and ((next_k == k) if used == "model" else next_k <= 1)
             t0 = time.perf_counter()
             new, log_probs, top = self._verify(
                 seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), bool(req.return_log_probs),
-                in_target, k_req, req.top_log_probs or 0, req.temperature,
+                in_target, next_k, req.top_log_probs or 0, req.temperature,
             )
             verify_s = time.perf_counter() - t0
             accepted = 0
@@ -338,8 +371,7 @@ class SpeculativeLoop:
                 accepted += 1
             # the target's own token is missing: it was the end token, which TensorRT-LLM never returns
             done = accepted == len(new)
-            # the request's first target call carries its prompt's prefill: not a verify cost
-            controller.record(load, used, len(draft), accepted, verify_s if stats.num_iterations else None, draft_s, missed)
+            controller.record(load, used_key, len(draft), accepted, verify_s if clean else None, draft_s, missed)
             if used is not None and SOURCES[used].needs_draft_model:
                 draft_seen = len(seq) + min(accepted, len(draft) - 1)
             stats.record(len(draft), accepted, used)
@@ -354,6 +386,7 @@ class SpeculativeLoop:
             before = list(generated)
             generated += new
             seq += new
+            unverified = [u for u in unverified if not _scored(controller, u, seq)]
             yield Step(new, before, stats, final=done, log_probs=None if log_probs is None else log_probs[: len(new)],
                        top=None if top is None else top.head(len(new)))
             if done:

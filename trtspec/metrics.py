@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from trtspec.contract import RESPONSE_STATS
-from trtspec.drafters import SOURCES
+from trtspec.drafters import ESTIMATE_KEYS, SOURCES
 
 REQUESTS_COUNTER = "spec_decode_num_requests"
 EMITTED_COUNTER = "spec_decode_num_emitted_tokens"
@@ -283,7 +283,7 @@ class ControllerGauges:
                  (CONTROLLER_DRAFT_GAUGE, np.array(est.draft_s), np.array(est.draft_n)))
         catchup_s, catchup_n = np.array(est.catchup_s), np.array(est.catchup_n)
         with TRITON_METRICS_LOCK:
-            for si, source in enumerate(SOURCES):
+            for si, source in enumerate(ESTIMATE_KEYS):
                 for i in range(positions):
                     if reached[si, i] > 0:
                         self._set(CONTROLLER_ACCEPTANCE_GAUGE, accepted[si, i] / reached[si, i],

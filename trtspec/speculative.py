@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from trtspec.drafters import SOURCES
+from trtspec.drafters import ESTIMATE_KEYS, SOURCES, source_of
 
 # ---------------------------------------------------------------- sampling parameters
 
@@ -171,7 +171,7 @@ def fixed_draft_len(k: int, remaining: int) -> int:
 MAX_POSITIONS = 64  # SpeculativeConfig.max_draft_len's bound
 MAX_LOAD = 64  # requests in flight, as a cost-table key (more count as this many)
 ALONE = 1  # the load at which a request's own call time is the whole step's
-ESTIMATED_SOURCES = tuple(SOURCES)
+ESTIMATED_SOURCES = ESTIMATE_KEYS  # what acceptance is estimated by: drafters.estimate_key
 
 
 def _layout() -> dict[str, tuple[int, ...]]:
@@ -392,23 +392,19 @@ class GoodputController:
         return [0.0] + [c + per_token * max(0, missed - 2) for c in curve[1:]]
 
     def draft_cost(self, source: str, k: int, load: int, missed: int = 0) -> float | None:
-        if k == 0 or not SOURCES[source].needs_draft_model:
+        if k == 0 or not SOURCES[source_of(source)].needs_draft_model:
             return 0.0  # prompt lookup runs in the loop's process: no engine step
         costs = self.draft_costs(k, load, missed)
         return None if costs is None else costs[k]
 
     # -------------------------------------------------------------- the decision
 
-    def choose(self, load: int, candidates: Mapping[str, int], missed: int = 0, may_probe: bool = True) -> Choice:
-        """`candidates`: source -> the most tokens it may propose now (for prompt lookup: its match's length);
-        `missed`: tokens the draft model would catch up on; `may_probe` false: no probe now (a request's first
-        call, whose first token a probe of the draft model would delay by its prefill of the whole prompt: the
-        next iteration, this request's or another's, probes instead). Sources in asking order (the first wins a tie).
-        Each candidate's value is its expected tokens per second, acceptance optimistic by its standard error."""
+    def _best(self, load: int, candidates: Mapping[str, int], missed: int = 0) -> Choice | None:
+        """The choice of most expected tokens per second, without probes (None: no plain step measured yet)."""
         kmax = max(candidates.values(), default=0)
         verify = self.verify_costs(kmax, load)
         if verify is None:
-            return Choice(None, 0)  # measure a plain step first
+            return None
         # Goodput is the deployment's tokens per second of engine time, not this request's. With n in flight a
         # plain step is shared by n requests: this request's share of it is step / n. What drafting adds is
         # never shared: the draft rows lengthen the step every request in it waits for, and the draft model's
@@ -419,7 +415,7 @@ class GoodputController:
         for source, cap in candidates.items():
             if cap <= 0:
                 continue
-            if SOURCES[source].needs_draft_model:
+            if SOURCES[source_of(source)].needs_draft_model:
                 draft = draft or self.draft_costs(kmax, load, missed)
                 if draft is None:
                     continue  # unmeasured: a probe measures it
@@ -427,10 +423,35 @@ class GoodputController:
             for k, a in enumerate(self.acceptance(source, cap, optimistic=True), start=1):
                 p *= a
                 expected += p
-                cost = share + max(verify[k] - verify[0], 0.0) + (draft[k] if SOURCES[source].needs_draft_model else 0.0)
+                cost = share + max(verify[k] - verify[0], 0.0) + (draft[k] if SOURCES[source_of(source)].needs_draft_model else 0.0)
                 value = (1.0 + expected) / max(cost, 1e-9)
                 if value > best_value:
                     best, best_value = Choice(source, k), value
+        return best
+
+    def drafts_next(self, source: str, cap: int, load: int) -> bool:
+        """Whether the next iteration may draft from `source`: drafting from it pays now, or its probe is due.
+        For a drafter inside the target engine (EAGLE-3), whose draft for the next call each call computes
+        when asked: it is asked only then, so that a k = 0 stretch costs what plain steps cost."""
+        if cap <= 0:
+            return False
+        best = self._best(load, {source: cap})
+        if best is not None and best.source == source:
+            return True
+        si = ESTIMATED_SOURCES.index(source)
+        every = self.settings.probe_every
+        return self.est.since[si] + 1 >= max(float(self.est.probe_interval[si]), every)
+
+    def choose(self, load: int, candidates: Mapping[str, int], missed: int = 0, may_probe: bool = True) -> Choice:
+        """`candidates`: estimate key (drafters.estimate_key: the source, for prompt lookup with its match's level)
+        -> the most tokens it may propose now (for prompt lookup: its match's length);
+        `missed`: tokens the draft model would catch up on; `may_probe` false: no probe now (a request's first
+        call, whose first token a probe of the draft model would delay by its prefill of the whole prompt: the
+        next iteration, this request's or another's, probes instead). Sources in asking order (the first wins a tie).
+        Each candidate's value is its expected tokens per second, acceptance optimistic by its standard error."""
+        best = self._best(load, candidates, missed)
+        if best is None:
+            return Choice(None, 0)  # measure a plain step first
         # Probes are the deployment's, like the estimates they feed: one request's probe informs every request, so a
         # source is probed after probe_every of the deployment's iterations without it, not after every request's.
         est, every = self.est, self.settings.probe_every
@@ -441,7 +462,7 @@ class GoodputController:
             interval = max(float(est.probe_interval[si]), every)
             if may_probe and source != best.source and cap > 0 and est.since[si] >= interval:
                 est.since[si] = 0
-                if SOURCES[source].needs_draft_model:  # prompt lookup's probes cost a verify row, no engine step
+                if SOURCES[source_of(source)].needs_draft_model:  # prompt lookup's probes cost a verify row, no engine step
                     est.probe_interval[si] = min(2 * interval, 8 * every)
                 good = [a >= 0.5 for a in self.acceptance(source, cap)]
                 depth = good.index(False) if not all(good) else cap
@@ -470,14 +491,8 @@ class GoodputController:
             if source is None or not proposed:
                 return
             si = ESTIMATED_SOURCES.index(source)
-            reached = min(accepted + 1, proposed)
-            est.reached[si] *= st.acceptance_decay
-            est.accepted[si] *= st.acceptance_decay
-            est.reached[si, :reached] += 1
-            est.accepted[si, :accepted] += 1
-            self.reached[si, :reached] += 1
-            self.accepted[si, :accepted] += 1
-            if draft_s is None or not SOURCES[source].needs_draft_model:
+            self._count(si, proposed, accepted)
+            if draft_s is None or not SOURCES[source_of(source)].needs_draft_model:
                 return
             if missed <= 2:
                 _mean_update(est.draft_s, est.draft_n, (proposed, n), draft_s, st.cost_smoothing)
@@ -486,6 +501,29 @@ class GoodputController:
                 if steps is not None:
                     per_token = max(draft_s - steps[proposed], 0.0) / (missed - 2)
                     _mean_update(est.catchup_s, est.catchup_n, (n,), per_token, st.cost_smoothing)
+
+    def observe(self, source: str, proposed: int, accepted: int) -> None:
+        """A proposal that was not drafted, scored against the tokens the target went on to produce: as much an
+        acceptance sample as a verified draft (greedy: accepted is equality; sampling: the same comparison the
+        target's sample makes), at no cost. A free source (prompt lookup) so learns from every iteration,
+        drafted or not, and a request learns its own rate within a few tokens."""
+        if proposed <= 0:
+            return
+        si = ESTIMATED_SOURCES.index(source)
+        with self.est.locked():
+            self.est.since[si] = 0  # what a probe would have learnt, learnt for free
+            self._count(si, proposed, accepted)
+
+    def _count(self, si: int, proposed: int, accepted: int) -> None:
+        """Positions reached and accepted, into the deployment's decayed estimate and the request's own."""
+        est, st = self.est, self.settings
+        reached = min(accepted + 1, proposed)
+        est.reached[si] *= st.acceptance_decay
+        est.accepted[si] *= st.acceptance_decay
+        est.reached[si, :reached] += 1
+        est.accepted[si, :accepted] += 1
+        self.reached[si, :reached] += 1
+        self.accepted[si, :accepted] += 1
 
 
 # ---------------------------------------------------------------- stopping

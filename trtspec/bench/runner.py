@@ -1,6 +1,7 @@
 """Runs the benchmark: every cell (concurrency x num_draft_tokens), warm-ups first, then N streamed requests
 sent by a fixed number of client threads (a closed loop: each thread sends its next request as soon as the
-previous one has finished).
+previous one has finished). With ``rounds`` > 1 the cells of a concurrency take turns: each runs its requests in
+that many rounds, in A-B-B-A order, and its throughput is its tokens over the sum of its rounds' time.
 
 Per request it records when each streamed response arrived and how many token ids it carried (tokens are
 counted from the ids, never from text chunks), the final acceptance statistics the server reported, and the
@@ -50,6 +51,7 @@ class BenchSettings:
     draft_tokens: Sequence[int] = (0, 2, 4)
     requests_per_cell: int = 16
     warmup: int = 2  # per cell
+    rounds: int = 1  # the cells of a concurrency run interleaved in this many rounds (see run_bench)
     k0_on_ensemble: bool = False
     fixed_k: Sequence[int] = ()  # also run these k with draft_length_policy fixed: the "best fixed k" candidates
     draft_source: str | None = None  # model | ngram | hybrid for the speculative cells; None: the deployment's
@@ -77,6 +79,14 @@ class BenchSettings:
             raise BenchError(f"requests per cell must be >= 1, got {self.requests_per_cell}")
         if self.warmup < 0:
             raise BenchError(f"warm-up requests must be >= 0, got {self.warmup}")
+        if not 1 <= self.rounds <= self.requests_per_cell:
+            raise BenchError(f"rounds must be between 1 and the requests per cell ({self.requests_per_cell}), "
+                             f"got {self.rounds}")
+
+    def rounds_at(self, concurrency: int) -> int:
+        """Rounds at one concurrency: never so many that a round has fewer requests than clients in flight
+        (a round's tail, where clients have nothing left to send, would then be most of it)."""
+        return max(1, min(self.rounds, self.requests_per_cell // concurrency))
 
     @property
     def resolved_metrics_url(self) -> str | None:
@@ -179,12 +189,12 @@ class CellRun:
     cell: Cell
     records: list[RequestRecord]  # measured requests only
     warmups: list[RequestRecord]
-    start: float
-    end: float
+    rounds: list[tuple[float, float]]  # (start, end) of each round of its measured requests
 
     @property
     def wall_s(self) -> float:
-        return self.end - self.start
+        """The time its measured requests ran: the sum of its rounds, not the span of the interleaved run."""
+        return sum(end - start for start, end in self.rounds)
 
 
 @dataclass
@@ -459,6 +469,16 @@ def _run_phase(
     return sorted(out, key=lambda r: r.index)
 
 
+def measured_schedule(settings: BenchSettings, group: Sequence[Cell]) -> list[tuple[Cell, range]]:
+    """The measured phases of one concurrency's cells, in run order: each cell's request indices split into
+    ``rounds_at`` rounds, the cells taking turns A-B-B-A so that every cell's mean position in the sequence is
+    the same and a drift of the machine's speed over the run (other jobs, heat) weighs on every cell alike."""
+    rounds = settings.rounds_at(group[0].concurrency) if group else 1
+    bounds = [settings.requests_per_cell * r // rounds for r in range(rounds + 1)]
+    return [(cell, range(bounds[r], bounds[r + 1]))
+            for r in range(rounds) for cell in (group if r % 2 == 0 else group[::-1])]
+
+
 def _all_failed(records: list[RequestRecord], cell: Cell, phase: str) -> None:
     if records and all(r.error for r in records):
         raise BenchError(f"every {phase} request of {cell.label} failed; the first error: {records[0].error}")
@@ -491,35 +511,40 @@ def run_bench(settings: BenchSettings, prompts: Sequence[Prompt], progress: Prog
     t0 = time.perf_counter()
     if sampler is not None:
         sampler.start()
-    runs: list[CellRun] = []
+    runs: dict[Cell, CellRun] = {}
     progress.begin(len(cells) * (settings.warmup + settings.requests_per_cell))
     try:
-        for cell in cells:
-            warm: list[RequestRecord] = []
-            if settings.warmup:
-                progress.cell(cell, True)
+        for concurrency in sorted({c.concurrency for c in cells}):
+            group = [c for c in cells if c.concurrency == concurrency]
+            for cell in group:
+                warm: list[RequestRecord] = []
+                if settings.warmup:
+                    progress.cell(cell, True)
+                    if sampler is not None:
+                        sampler.mark(f"{cell.label} warm-up")
+                    items = [(i, prompts[i % len(prompts)]) for i in range(settings.warmup)]
+                    warm = _run_phase(settings, cell, items, True, progress.advance)
+                    _all_failed(warm, cell, "warm-up")
+                runs[cell] = CellRun(cell, [], warm, [])
+            for cell, indices in measured_schedule(settings, group):
+                progress.cell(cell, False)
                 if sampler is not None:
-                    sampler.mark(f"{cell.label} warm-up")
-                items = [(i, prompts[i % len(prompts)]) for i in range(settings.warmup)]
-                warm = _run_phase(settings, cell, items, True, progress.advance)
-                _all_failed(warm, cell, "warm-up")
-            progress.cell(cell, False)
-            if sampler is not None:
-                sampler.mark(cell.label)
-            items = [(i, prompts[i % len(prompts)]) for i in range(settings.requests_per_cell)]
-            start = time.perf_counter()
-            records = _run_phase(settings, cell, items, False, progress.advance)
-            end = max((r.end for r in records), default=time.perf_counter())
-            _all_failed(records, cell, "measured")
-            runs.append(CellRun(cell, records, warm, start, end))
+                    sampler.mark(cell.label if indices.start == 0 else f"{cell.label} from request {indices.start}")
+                items = [(i, prompts[i % len(prompts)]) for i in indices]
+                start = time.perf_counter()
+                records = _run_phase(settings, cell, items, False, progress.advance)
+                end = max((r.end for r in records), default=time.perf_counter())
+                _all_failed(records, cell, "measured")
+                runs[cell].records.extend(records)
+                runs[cell].rounds.append((start, end))
     finally:
         progress.end()
         if sampler is not None:
             sampler.stop()
     duration = time.perf_counter() - t0
-    all_records = [r for c in runs for r in (*c.warmups, *c.records)]
+    all_records = [r for c in runs.values() for r in (*c.warmups, *c.records)]
     if check is not None:
         metrics_check = check.finish(all_records)
     else:
         metrics_check = {"status": "skipped", "url": None, "reason": "disabled (--metrics-url none)", "models": {}}
-    return BenchRun(settings, prompts, runs, t0, started_at, duration, metrics_check, sampler)
+    return BenchRun(settings, prompts, list(runs.values()), t0, started_at, duration, metrics_check, sampler)

@@ -63,6 +63,7 @@ Examples:
   trtspec bench --config build_configs/demo.yaml --requests 4   # own server
   trtspec bench --api openai --url localhost:9000                # through the OpenAI API
   trtspec bench --draft-tokens 6 --draft-length-policy adaptive --fixed-k 0,1,2,3,4,6
+  trtspec bench --concurrency 1,8 --k0-on-ensemble --requests 32 --rounds 4   # cells interleaved
 
 \b
 Soak (--soak MINUTES): instead of the sweep, --soak-streams clients send
@@ -160,6 +161,11 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
               help="Measured requests per cell (prompts are reused in order when there are fewer).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
               help="Warm-up requests per cell, sent first and excluded from every figure.")
+@click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Interleave the cells of each concurrency: each runs its --requests in this many rounds, "
+                   "taking turns in A-B-B-A order, so a machine that gets slower or faster during the run "
+                   "(other jobs, heat) weighs on every cell alike; a cell's tok/s is its tokens over the sum of "
+                   "its rounds' time. Fewer rounds where a round would have fewer requests than the concurrency.")
 @click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Results directory [default: ./trtspec-bench-<date>-<time>].")
 @click.option("--profile", is_flag=True,
@@ -202,6 +208,7 @@ def bench(
     k0_on_ensemble: bool,
     requests_per_cell: int,
     warmup: int,
+    rounds: int,
     output: Path | None,
     profile: bool,
     profile_pids: tuple[int, ...],
@@ -239,6 +246,7 @@ def bench(
         draft_tokens=_int_list("--draft-tokens", draft_tokens, 0),
         requests_per_cell=requests_per_cell,
         warmup=warmup,
+        rounds=rounds,
         k0_on_ensemble=k0_on_ensemble,
         fixed_k=_int_list("--fixed-k", fixed_k, 0) if fixed_k is not None else (),
         draft_source=draft_source,
