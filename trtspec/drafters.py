@@ -125,6 +125,7 @@ SOURCES: dict[str, DraftSource] = {
     ),
 }
 
+
 def estimate_key(source: str, match: int = 0) -> str:
     """The name the controller estimates a proposal's acceptance under: its source, and for a source with
     match levels, the level of its match (e.g. "ngram@2")."""

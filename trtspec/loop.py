@@ -139,12 +139,12 @@ def _i32(*v: int) -> np.ndarray:
 def _scored(controller: GoodputController, proposal: tuple[str, int, list[int]], seq: Sequence[int]) -> bool:
     """Score a proposal that was not drafted against what the target produced since (`seq`), once that decides
     it: a mismatch, or every position produced. True when scored."""
-    source, at, tokens = proposal
+    key, at, tokens = proposal
     produced = seq[at : at + len(tokens)]
     matched = next((i for i, (a, b) in enumerate(zip(tokens, produced)) if a != b), len(produced))
     if matched == len(produced) < len(tokens):
         return False  # still matching, not all produced yet
-    controller.observe(source, len(tokens), matched)
+    controller.observe(key, len(tokens), matched)
     return True
 
 
@@ -293,7 +293,7 @@ class SpeculativeLoop:
         seq, generated = list(req.prompt), []
         failed: set[str] = set()
         draft_seen = 0  # tokens of seq the draft model holds (it catches up on the rest when it drafts next)
-        unverified: list[tuple[str, int, list[int]]] = []  # free proposals not drafted: (source, at len(seq), tokens)
+        unverified: list[tuple[str, int, list[int]]] = []  # free proposals not drafted: (estimate key, len(seq), tokens)
 
         def ask(source: str, drafter: Drafter, k: int) -> tuple[Proposal, float]:
             t0 = time.perf_counter()

@@ -225,6 +225,11 @@ def _through_nearest_two(values: list[float], measured: list[int], k: int) -> fl
     return values[k0] + (values[k1] - values[k0]) * (k - k0) / (k1 - k0)
 
 
+def _needs_draft_model(key: str) -> bool:
+    """An estimate key's source drafts with an engine call (its cost is measured; prompt lookup's is none)."""
+    return SOURCES[source_of(key)].needs_draft_model
+
+
 def load_key(in_flight: int) -> int:
     return int(min(max(in_flight, 1), MAX_LOAD))
 
@@ -392,7 +397,7 @@ class GoodputController:
         return [0.0] + [c + per_token * max(0, missed - 2) for c in curve[1:]]
 
     def draft_cost(self, source: str, k: int, load: int, missed: int = 0) -> float | None:
-        if k == 0 or not SOURCES[source_of(source)].needs_draft_model:
+        if k == 0 or not _needs_draft_model(source):
             return 0.0  # prompt lookup runs in the loop's process: no engine step
         costs = self.draft_costs(k, load, missed)
         return None if costs is None else costs[k]
@@ -415,7 +420,7 @@ class GoodputController:
         for source, cap in candidates.items():
             if cap <= 0:
                 continue
-            if SOURCES[source_of(source)].needs_draft_model:
+            if _needs_draft_model(source):
                 draft = draft or self.draft_costs(kmax, load, missed)
                 if draft is None:
                     continue  # unmeasured: a probe measures it
@@ -423,7 +428,7 @@ class GoodputController:
             for k, a in enumerate(self.acceptance(source, cap, optimistic=True), start=1):
                 p *= a
                 expected += p
-                cost = share + max(verify[k] - verify[0], 0.0) + (draft[k] if SOURCES[source_of(source)].needs_draft_model else 0.0)
+                cost = share + max(verify[k] - verify[0], 0.0) + (draft[k] if _needs_draft_model(source) else 0.0)
                 value = (1.0 + expected) / max(cost, 1e-9)
                 if value > best_value:
                     best, best_value = Choice(source, k), value
@@ -462,7 +467,7 @@ class GoodputController:
             interval = max(float(est.probe_interval[si]), every)
             if may_probe and source != best.source and cap > 0 and est.since[si] >= interval:
                 est.since[si] = 0
-                if SOURCES[source_of(source)].needs_draft_model:  # prompt lookup's probes cost a verify row, no engine step
+                if _needs_draft_model(source):  # prompt lookup's probes cost a verify row, no engine step
                     est.probe_interval[si] = min(2 * interval, 8 * every)
                 good = [a >= 0.5 for a in self.acceptance(source, cap)]
                 depth = good.index(False) if not all(good) else cap
@@ -492,7 +497,7 @@ class GoodputController:
                 return
             si = ESTIMATED_SOURCES.index(source)
             self._count(si, proposed, accepted)
-            if draft_s is None or not SOURCES[source_of(source)].needs_draft_model:
+            if draft_s is None or not _needs_draft_model(source):
                 return
             if missed <= 2:
                 _mean_update(est.draft_s, est.draft_n, (proposed, n), draft_s, st.cost_smoothing)
