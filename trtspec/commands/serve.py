@@ -83,8 +83,6 @@ Examples:
 """
 
 
-
-
 def _models_table(server: TritonServer, repo: Path) -> Table:
     backends: dict[str, str] = {}
     try:
