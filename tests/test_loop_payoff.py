@@ -97,8 +97,8 @@ def test_a_request_learns_its_prompt_lookups_pay_without_drafting_them(demo_pair
     from transformers import AutoTokenizer
 
     from trtspec.config import AdaptivePolicy
-    from trtspec.drafters import estimate_key
-    from trtspec.speculative import ESTIMATED_SOURCES, GoodputController
+    from trtspec.drafters import ESTIMATE_KEYS, estimate_key
+    from trtspec.speculative import GoodputController
 
     tok = AutoTokenizer.from_pretrained(str(demo_pair.target))
     passage = "The quick brown fox jumps over the lazy dog near the river bank at dawn."
@@ -124,7 +124,7 @@ def test_a_request_learns_its_prompt_lookups_pay_without_drafting_them(demo_pair
         got, stats = _run(spec, prompt=prompt, max_tokens=48, draft_source="ngram")
         monkeypatch.undo()
         assert got == want
-        i = ESTIMATED_SOURCES.index(estimate_key("ngram", 3))
+        i = ESTIMATE_KEYS.index(estimate_key("ngram", 3))
         return stats.total_accepted_draft_tokens, estimates.accepted[i, 0] / estimates.reached[i, 0]
 
     (scored, learnt), (unscored, stuck) = accepted(True), accepted(False)

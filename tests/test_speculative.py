@@ -5,9 +5,8 @@ import pytest
 from scipy.stats import chisquare
 
 from trtspec.metrics import SpecStats
-from trtspec.drafters import estimate_key, ngram_match
+from trtspec.drafters import ESTIMATE_KEYS, estimate_key, ngram_match
 from trtspec.speculative import (
-    ESTIMATED_SOURCES,
     Choice,
     Estimates,
     GoodputController,
@@ -384,7 +383,7 @@ def test_controller_learns_a_requests_prompt_lookup_rate_from_proposals_it_did_n
     assert chat.choose(1, {NGRAM: 4}).k == 0
     assert GoodputController(est, AdaptivePolicy()).choose(1, {NGRAM: 4}).k >= 1  # the next request starts over
     chat.observe(NGRAM, 0, 0)  # no proposal: no sample
-    assert chat.reached[ESTIMATED_SOURCES.index(NGRAM), 0] == 20
+    assert chat.reached[ESTIMATE_KEYS.index(NGRAM), 0] == 20
 
 
 def test_controller_probes_are_the_deployments_not_each_requests():
@@ -474,7 +473,7 @@ def test_prompt_lookup_is_estimated_by_the_length_of_its_match():
     assert ngram_match([5, 9, 7, 5], 2) == ([9, 7], 1)
     assert ngram_match([5, 9, 7], 2) == ([], 0)
     assert [estimate_key("ngram", n) for n in (1, 2, 3, 7)] == ["ngram@1", "ngram@2", "ngram@3", "ngram@3"]
-    assert estimate_key("model") == "model" and set(ESTIMATED_SOURCES) == {"model", "ngram@1", "ngram@2", "ngram@3"}
+    assert estimate_key("model") == "model" and set(ESTIMATE_KEYS) == {"model", "ngram@1", "ngram@2", "ngram@3"}
     ctl = _controller()
     for _ in range(30):
         ctl.record(1, None, 0, 0, 0.040)

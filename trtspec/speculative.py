@@ -171,11 +171,10 @@ def fixed_draft_len(k: int, remaining: int) -> int:
 MAX_POSITIONS = 64  # SpeculativeConfig.max_draft_len's bound
 MAX_LOAD = 64  # requests in flight, as a cost-table key (more count as this many)
 ALONE = 1  # the load at which a request's own call time is the whole step's
-ESTIMATED_SOURCES = ESTIMATE_KEYS  # what acceptance is estimated by: drafters.estimate_key
 
 
 def _layout() -> dict[str, tuple[int, ...]]:
-    s, p, k, n = len(ESTIMATED_SOURCES), MAX_POSITIONS, MAX_POSITIONS + 1, MAX_LOAD + 1
+    s, p, k, n = len(ESTIMATE_KEYS), MAX_POSITIONS, MAX_POSITIONS + 1, MAX_LOAD + 1
     return {
         "reached": (s, p),  # drafts from source s whose position i was verified (every earlier one accepted)
         "accepted": (s, p),  # ... and whose position i was accepted (both decayed: recent drafts weigh more)
@@ -259,7 +258,7 @@ class GoodputController:
         """`settings`: trtspec.config.AdaptivePolicy (probe_every, prior_drafts, request_weight, cost_smoothing,
         acceptance_decay)."""
         self.est, self.settings = estimates, settings
-        s = len(ESTIMATED_SOURCES)
+        s = len(ESTIMATE_KEYS)
         self.reached = np.zeros((s, MAX_POSITIONS))
         self.accepted = np.zeros((s, MAX_POSITIONS))
 
@@ -269,7 +268,7 @@ class GoodputController:
         """Conditional acceptance of positions 0..positions-1 (accepted given every earlier one was). `optimistic`
         adds one standard error, so a deeper position measured on a few unlucky drafts is tried again; a position
         with no acceptance seen gets no bonus (the pessimistic start)."""
-        si = ESTIMATED_SOURCES.index(source)
+        si = ESTIMATE_KEYS.index(source)
         st, prior, out = self.settings, 0.0, []
         shared_acc, shared_seen = self.est.accepted[si, :positions].tolist(), self.est.reached[si, :positions].tolist()
         own_acc, own_seen = self.accepted[si, :positions].tolist(), self.reached[si, :positions].tolist()
@@ -443,7 +442,7 @@ class GoodputController:
         best = self._best(load, {source: cap})
         if best is not None and best.source == source:
             return True
-        si = ESTIMATED_SOURCES.index(source)
+        si = ESTIMATE_KEYS.index(source)
         every = self.settings.probe_every
         return self.est.since[si] + 1 >= max(float(self.est.probe_interval[si]), every)
 
@@ -461,9 +460,9 @@ class GoodputController:
         # source is probed after probe_every of the deployment's iterations without it, not after every request's.
         est, every = self.est, self.settings.probe_every
         if best.source is not None:
-            est.probe_interval[ESTIMATED_SOURCES.index(best.source)] = every
+            est.probe_interval[ESTIMATE_KEYS.index(best.source)] = every
         for source, cap in candidates.items():
-            si = ESTIMATED_SOURCES.index(source)
+            si = ESTIMATE_KEYS.index(source)
             interval = max(float(est.probe_interval[si]), every)
             if may_probe and source != best.source and cap > 0 and est.since[si] >= interval:
                 est.since[si] = 0
@@ -490,12 +489,12 @@ class GoodputController:
         with est.locked():
             est.since += 1
             if source is not None and proposed:
-                est.since[ESTIMATED_SOURCES.index(source)] = 0
+                est.since[ESTIMATE_KEYS.index(source)] = 0
             if verify_s is not None:
                 _mean_update(est.verify_s, est.verify_n, (proposed, n), verify_s, st.cost_smoothing)
             if source is None or not proposed:
                 return
-            si = ESTIMATED_SOURCES.index(source)
+            si = ESTIMATE_KEYS.index(source)
             self._count(si, proposed, accepted)
             if draft_s is None or not _needs_draft_model(source):
                 return
@@ -514,7 +513,7 @@ class GoodputController:
         drafted or not, and a request learns its own rate within a few tokens."""
         if proposed <= 0:
             return
-        si = ESTIMATED_SOURCES.index(source)
+        si = ESTIMATE_KEYS.index(source)
         with self.est.locked():
             self.est.since[si] = 0  # what a probe would have learnt, learnt for free
             self._count(si, proposed, accepted)
