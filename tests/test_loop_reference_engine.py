@@ -189,13 +189,46 @@ def test_drafting_steps_aside_above_max_concurrency(engines):
     spec = SpeculativeLoop(loop_settings(max_concurrency=4), _engine_call(engines), lambda: load["now"])
     base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
     want, _ = _run(base, prompt=[0, 2, 2], max_tokens=12)
-    got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=12, num_draft_tokens=3)
+    # streamed: one target call per token
+    got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=12, num_draft_tokens=3, stream=True)
     assert got == want and stats.total_draft_tokens == 0
     assert stats.num_iterations == 12
     assert stats.load_paused_iterations == 11  # the last step has one token left and would not draft anyway
+    # not streamed: the paused calls ask for runs of 1, 2, 4, then the 5 tokens left
+    got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=12, num_draft_tokens=3)
+    assert got == want and stats.num_iterations == stats.load_paused_iterations == 4
     load["now"] = 4
     got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=12, num_draft_tokens=3)
     assert got == want and stats.load_paused_iterations == 0 and stats.total_draft_tokens > 0
+
+
+def test_a_plain_request_not_streamed_asks_for_runs_of_tokens(engines):
+    """Target-only (the baseline, or k = 0 asked for): streamed, a call per token; not streamed, the engine steps
+    up to PLAIN_RUN_MAX tokens per call, as a target-only request to the engine does. The same engine requests from
+    both endpoints, and the same tokens as one call per token; the end token ends a run early."""
+    from trtspec.speculative import PLAIN_RUN_MAX
+
+    sent = []
+
+    def recording(model, t, wanted):
+        sent.append((model, int(t["request_output_len"].reshape(-1)[0]), t["input_ids"].reshape(-1).tolist()))
+        return _engine_call(engines)(model, t, wanted)
+
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), recording)
+    spec = SpeculativeLoop(loop_settings(), recording)
+    n = 2 * PLAIN_RUN_MAX + 3
+    want, stats = _run(base, prompt=[0, 3, 4], max_tokens=n, stream=True)
+    assert stats.num_iterations == n
+    runs = {}
+    for name, loop, kw in (("baseline", base, {}), ("k=0", spec, {"num_draft_tokens": 0})):
+        sent.clear()
+        got, stats = _run(loop, prompt=[0, 3, 4], max_tokens=n, **kw)
+        assert got == want and stats.num_iterations == 3
+        runs[name] = list(sent)
+    assert [r[1] for r in runs["baseline"]] == [PLAIN_RUN_MAX, PLAIN_RUN_MAX, 3] and runs["baseline"] == runs["k=0"]
+    end = want[PLAIN_RUN_MAX // 2]  # a token the output reaches inside the first run
+    got, stats = _run(base, prompt=[0, 3, 4], max_tokens=n, end_id=end)
+    assert got == want[: want.index(end)] and stats.num_iterations == 1
 
 
 def test_draft_len_schedule_caps_k_by_the_requests_in_flight(engines):

@@ -27,7 +27,9 @@ from trtspec.drafters import (
 )
 from trtspec.logprobs import TopLogProbs
 from trtspec.metrics import SpecStats
-from trtspec.speculative import Estimates, GoodputController, draft_len_at_load, find_stop, fixed_draft_len
+from trtspec.speculative import (
+    Estimates, GoodputController, draft_len_at_load, find_stop, fixed_draft_len, plain_run,
+)
 from trtspec.triton_io import to_words_list
 
 # (model name, input tensors, requested outputs) -> output tensors; raises EngineCallError on failure
@@ -215,17 +217,19 @@ class SpeculativeLoop:
     def _verify(
         self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray], min_tokens: int, log_probs: bool = False,
         in_target: TargetDrafter | None = None, next_k: int = 0, top: int = 0, temperature: float | None = None,
+        plain: int = 1,
     ) -> tuple[list[int], list[float] | None, TopLogProbs | None]:
         """The target's new tokens, and with `log_probs` its log-probability of each (TensorRT-LLM's output_log_probs),
         with `top` its `top` most likely tokens at each new token's position (from its generation_logits).
         `common`: the request's sampling and stop-word tensors, built once per request; `min_tokens`: how many
         more tokens the request must generate before the end token may come (each call is a new engine request);
-        `in_target`: the drafter that takes the target's draft for the next call (next_k tokens) from this answer."""
+        `in_target`: the drafter that takes the target's draft for the next call (next_k tokens) from this answer;
+        `plain`: without a draft, the tokens to ask for (the engine steps them)."""
         tensors = dict(common)
         tensors.update(
             input_ids=np.array([seq], dtype=np.int32),
             input_lengths=_i32(len(seq)),
-            request_output_len=_i32(len(proposal.tokens) + 1),
+            request_output_len=_i32(len(proposal.tokens) + 1 if proposal.tokens else plain),
         )
         if min_tokens > 0:
             tensors[self.settings.engine_name("min_tokens")] = _i32(min_tokens)
@@ -293,6 +297,10 @@ class SpeculativeLoop:
         seq, generated = list(req.prompt), []
         failed: set[str] = set()
         draft_seen = 0  # tokens of seq the draft model holds (it catches up on the rest when it drafts next)
+        # plain calls in a row (a request that cannot draft, as on the baseline, has whole runs from the start);
+        # streamed requests, and the target's own drafter, take one token per call
+        stretch: int | None = 0 if drafters and k_req else None
+        runs = not req.stream and in_target is None
         unverified: list[tuple[str, int, list[int]]] = []  # free proposals not drafted: (estimate key, len(seq), tokens)
 
         def ask(source: str, drafter: Drafter, k: int) -> tuple[Proposal, float]:
@@ -322,7 +330,7 @@ class SpeculativeLoop:
                 if k and source not in failed and not (lookup_only and SOURCES[source].needs_draft_model)
             ]
             missed = len(seq) - draft_seen
-            proposal, used, draft_s = Proposal([]), None, None
+            proposal, used, draft_s, probe = Proposal([]), None, None, False
             if adaptive and usable:
                 # sources that need no engine (prompt lookup) propose first, at no cost: a match bounds their k
                 free = {s: ask(s, d, k)[0] for s, d in usable if not SOURCES[s].needs_draft_model}
@@ -332,6 +340,7 @@ class SpeculativeLoop:
                 caps = {keys[s]: len(free[s].tokens) if s in free else min(k, len(d.next)) if d is in_target else k
                         for s, d in usable}
                 choice = controller.choose(load, caps, missed, bool(stats.num_iterations))
+                probe = choice.probe
                 chosen = source_of(choice.source) if choice.source is not None else None
                 if chosen in free:
                     proposal, used = Proposal(free[chosen].tokens[: choice.k]), chosen
@@ -360,18 +369,23 @@ class SpeculativeLoop:
                 # a call's time includes the drafting it asks for: a clean sample of its k only where that
                 # drafting goes with it (drafting on from the head, or a plain step in a stretch)
                 clean = clean and ((next_k == k) if used == "model" else next_k <= 1)
+            plain = plain_run(None if stretch is None else stretch + 1, remaining) if runs and not draft else 1
             t0 = time.perf_counter()
             new, log_probs, top = self._verify(
                 seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), bool(req.return_log_probs),
-                in_target, next_k, req.top_log_probs or 0, req.temperature,
+                in_target, next_k, req.top_log_probs or 0, req.temperature, plain,
             )
             verify_s = time.perf_counter() - t0
             accepted = 0
             while accepted < min(len(draft), len(new)) and new[accepted] == draft[accepted]:
                 accepted += 1
-            # the target's own token is missing: it was the end token, which TensorRT-LLM never returns
-            done = accepted == len(new)
-            controller.record(load, used_key, len(draft), accepted, verify_s if clean else None, draft_s, missed)
+            # a token asked for is missing: the end token came, which TensorRT-LLM never returns
+            done = len(new) < accepted + plain
+            # a plain run's cost per step: what a plain step costs where it is not a call of its own
+            controller.record(load, used_key, len(draft), accepted, verify_s / plain if clean else None, draft_s, missed,
+                              plain)
+            if stretch is not None:  # a probe that failed does not end a stretch
+                stretch = 0 if draft and (accepted or not probe) else stretch + 1
             if used is not None and SOURCES[used].needs_draft_model:
                 draft_seen = len(seq) + min(accepted, len(draft) - 1)
             stats.record(len(draft), accepted, used)
@@ -386,6 +400,11 @@ class SpeculativeLoop:
             before = list(generated)
             generated += new
             seq += new
+            if adaptive and plain > 1:
+                # what prompt lookup would have proposed inside the run, scored as any lookup not drafted is
+                unverified += [(estimate_key(s, p.match), at, p.tokens) for at in range(len(seq) - len(new) + 1, len(seq))
+                               for s, d in usable if not SOURCES[s].needs_draft_model
+                               for p in [d.propose(seq[:at], k, False)] if p.tokens]
             unverified = [u for u in unverified if not _scored(controller, u, seq)]
             yield Step(new, before, stats, final=done, log_probs=None if log_probs is None else log_probs[: len(new)],
                        top=None if top is None else top.head(len(new)))

@@ -166,6 +166,21 @@ def fixed_draft_len(k: int, remaining: int) -> int:
     return max(0, min(k, remaining - 1))
 
 
+# A plain call (no draft) of a request that is not streamed asks the target for several tokens: the engine then
+# steps them itself, as a target-only request does, instead of one engine request per token (measured on the demo
+# target: 10% more per token, the round trip between the engine and the loop). At most this many, so a client that
+# leaves still costs at most one such call (the loop checks for cancellation between calls).
+PLAIN_RUN_MAX = 16
+
+
+def plain_run(stretch: int | None, remaining: int) -> int:
+    """Tokens to ask of the `stretch`-th plain call in a row (1, 2, ...) of a request that is not streamed: doubling
+    from 1, so a request that steps aside from drafting can take it up again within about as many tokens as it has
+    stepped aside for; None: a request that cannot draft (whole runs from its first call)."""
+    run = PLAIN_RUN_MAX if stretch is None else 1 << min(max(stretch, 1) - 1, PLAIN_RUN_MAX.bit_length())
+    return max(1, min(run, PLAIN_RUN_MAX, remaining))
+
+
 # ---------------------------------------------------------------- the goodput controller (policy `adaptive`)
 
 MAX_POSITIONS = 64  # SpeculativeConfig.max_draft_len's bound
@@ -184,7 +199,7 @@ def _layout() -> dict[str, tuple[int, ...]]:
         "draft_n": (k, n),
         "catchup_s": (n,),  # seconds per token the draft model prefills when it catches up after a pause
         "catchup_n": (n,),
-        "since": (s,),  # the deployment's iterations since source s last drafted (any request's)
+        "since": (s,),  # the deployment's target steps since source s last drafted (any request's)
         "probe_interval": (s,),  # its iterations between probes of source s (0: probe_every)
     }
 
@@ -482,12 +497,14 @@ class GoodputController:
         verify_s: float | None,
         draft_s: float | None = None,
         missed: int = 0,
+        steps: int = 1,
     ) -> None:
         """One iteration: `proposed` tokens from `source` (None: none), `accepted` of them; the verify call's and
-        the draft-model call's seconds (None: not a clean sample, e.g. the request's first call with its prefill)."""
+        the draft-model call's seconds (None: not a clean sample, e.g. the request's first call with its prefill);
+        `steps`: the target's steps in the call (a plain run's tokens), which is what probes are spaced by."""
         n, est, st = load_key(load), self.est, self.settings
         with est.locked():
-            est.since += 1
+            est.since += steps
             if source is not None and proposed:
                 est.since[ESTIMATE_KEYS.index(source)] = 0
             if verify_s is not None:
