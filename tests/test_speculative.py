@@ -379,10 +379,10 @@ def test_controller_learns_a_requests_prompt_lookup_rate_from_proposals_it_did_n
     chat = GoodputController(est, AdaptivePolicy())
     assert chat.choose(1, {NGRAM: 4}).k >= 1  # new request: the deployment's rate, which pays
     for _ in range(20):
-        chat.observe(NGRAM, 4, 0)
+        chat.observe([(NGRAM, 4, 0)])
     assert chat.choose(1, {NGRAM: 4}).k == 0
     assert GoodputController(est, AdaptivePolicy()).choose(1, {NGRAM: 4}).k >= 1  # the next request starts over
-    chat.observe(NGRAM, 0, 0)  # no proposal: no sample
+    chat.observe([(NGRAM, 0, 0)])  # no proposal: no sample
     assert chat.reached[ESTIMATE_KEYS.index(NGRAM), 0] == 20
 
 
@@ -478,5 +478,5 @@ def test_prompt_lookup_is_estimated_by_the_length_of_its_match():
     for _ in range(30):
         ctl.record(1, None, 0, 0, 0.040)
         ctl.record(1, NGRAM, 4, 4, 0.060)
-        ctl.observe("ngram@1", 4, 0)
+        ctl.observe([("ngram@1", 4, 0)])
     assert ctl.choose(1, {NGRAM: 4}).k == 4 and ctl.choose(1, {"ngram@1": 4}).k == 0

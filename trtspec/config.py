@@ -101,8 +101,8 @@ class AdaptivePolicy(_Strict):
     and engine costs it measures online, shared by the deployment's loop processes."""
 
     probe_every: Annotated[int, Field(ge=1, le=1000)] = Field(
-        default=8, description="iterations without drafting from a source after which the controller tries it "
-        "once more (a probe), so it comes back when acceptance or load changes")
+        default=8, description="target steps (a plain run's tokens count each) without drafting from a source after "
+        "which the controller tries it once more (a probe), so it comes back when acceptance or load changes")
     prior_drafts: Annotated[float, Field(ge=0.0)] = Field(
         default=4.0, description="drafts' worth of pessimistic prior (acceptance 0) a fresh deployment starts "
         "from: it starts at k = 0 and drafts once probes show drafting pays")

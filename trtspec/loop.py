@@ -138,16 +138,15 @@ def _i32(*v: int) -> np.ndarray:
     return np.array([list(v)], dtype=np.int32)
 
 
-def _scored(controller: GoodputController, proposal: tuple[str, int, list[int]], seq: Sequence[int]) -> bool:
-    """Score a proposal that was not drafted against what the target produced since (`seq`), once that decides
-    it: a mismatch, or every position produced. True when scored."""
+def _scored(proposal: tuple[str, int, list[int]], seq: Sequence[int]) -> tuple[str, int, int] | None:
+    """A proposal that was not drafted, scored against what the target produced since (`seq`) once that decides it
+    (a mismatch, or every position produced): (estimate key, proposed, accepted); None while undecided."""
     key, at, tokens = proposal
     produced = seq[at : at + len(tokens)]
     matched = next((i for i, (a, b) in enumerate(zip(tokens, produced)) if a != b), len(produced))
     if matched == len(produced) < len(tokens):
-        return False  # still matching, not all produced yet
-    controller.observe(key, len(tokens), matched)
-    return True
+        return None  # still matching, not all produced yet
+    return key, len(tokens), matched
 
 
 class SpeculativeLoop:
@@ -405,7 +404,9 @@ class SpeculativeLoop:
                 unverified += [(estimate_key(s, p.match), at, p.tokens) for at in range(len(seq) - len(new) + 1, len(seq))
                                for s, d in usable if not SOURCES[s].needs_draft_model
                                for p in [d.propose(seq[:at], k, False)] if p.tokens]
-            unverified = [u for u in unverified if not _scored(controller, u, seq)]
+            outcomes = [(u, _scored(u, seq)) for u in unverified]
+            controller.observe(o for _, o in outcomes if o is not None)
+            unverified = [u for u, o in outcomes if o is None]
             yield Step(new, before, stats, final=done, log_probs=None if log_probs is None else log_probs[: len(new)],
                        top=None if top is None else top.head(len(new)))
             if done:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -523,17 +523,18 @@ class GoodputController:
                     per_token = max(draft_s - steps[proposed], 0.0) / (missed - 2)
                     _mean_update(est.catchup_s, est.catchup_n, (n,), per_token, st.cost_smoothing)
 
-    def observe(self, source: str, proposed: int, accepted: int) -> None:
-        """A proposal that was not drafted, scored against the tokens the target went on to produce: as much an
-        acceptance sample as a verified draft (greedy: accepted is equality; sampling: the same comparison the
-        target's sample makes), at no cost. A free source (prompt lookup) so learns from every iteration,
-        drafted or not, and a request learns its own rate within a few tokens."""
-        if proposed <= 0:
+    def observe(self, scored: Iterable[tuple[str, int, int]]) -> None:
+        """Proposals that were not drafted, (estimate key, proposed, accepted) each, scored against the tokens the
+        target went on to produce: as much an acceptance sample as a verified draft (greedy: accepted is equality;
+        sampling: the same comparison the target's sample makes), at no cost. A free source (prompt lookup) so
+        learns from every iteration, drafted or not, and a request learns its own rate within a few tokens."""
+        scored = [(ESTIMATE_KEYS.index(key), proposed, accepted) for key, proposed, accepted in scored if proposed > 0]
+        if not scored:
             return
-        si = ESTIMATE_KEYS.index(source)
-        with self.est.locked():
-            self.est.since[si] = 0  # what a probe would have learnt, learnt for free
-            self._count(si, proposed, accepted)
+        with self.est.locked():  # once for them all: the deployment's estimates are shared between processes
+            for si, proposed, accepted in scored:
+                self.est.since[si] = 0  # what a probe would have learnt, learnt for free
+                self._count(si, proposed, accepted)
 
     def _count(self, si: int, proposed: int, accepted: int) -> None:
         """Positions reached and accepted, into the deployment's decayed estimate and the request's own."""
