@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from trtspec.reference_engine import packed_linear
+from trtspec.reference_engine import compiled_linear, packed_linear
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -41,8 +42,13 @@ CPU_THREADS_PER_ENGINE = 1
 #                 (packed_linear: 11-15% cheaper at 4-8 rows; the decoder's weights are held twice);
 #   "onednn":     every product on oneDNN: a row's product is bitwise the same for any row count, but a decode
 #                 step is 18% slower (AVX2 Zen 3, docs/benchmarks/engine.md);
-#   "mkl":        nn.Linear (MKL) with column-major weights, the engine before packing.
+#   "mkl":        nn.Linear (MKL) with column-major weights, the engine before packing;
+#   "compiled":   every product, LM head included, on GEMM kernels Inductor's CPP template generated for this
+#                 CPU ahead of time (compiled_linear: 5-26% cheaper at 1-16 rows, 10% dearer at 64; a row's
+#                 product bitwise the same at any row count; the weights held once). Where the kernels are
+#                 missing or stale the engine says so and uses "mkl+onednn".
 LINEAR_KERNELS = os.environ.get("TRTSPEC_LINEAR_KERNELS", "mkl+onednn")
+KERNEL_CHOICES = ("mkl+onednn", "onednn", "mkl", "compiled")
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,7 @@ def choose_precision(requested: str, device: str, flags: frozenset[str] | None =
     return Precision(requested, "as configured", warning)
 
 
-def tune_for_cpu(model: torch.nn.Module) -> None:
+def tune_for_cpu(model: torch.nn.Module, kernel_dir: str | Path | None = None, label: str = "") -> dict | None:
     """Make verifying k + 1 tokens on CPU cheaper (demo target, 1 thread, interleaved runs: a verify of
     4 draft tokens went from 1.76x to 1.53x a 1-token step at 200 tokens of context, 1.94x to 1.63x at
     1,024; the 1-token step itself unchanged).
@@ -113,18 +119,32 @@ def tune_for_cpu(model: torch.nn.Module) -> None:
       kernels then read them as they are instead of packing them for every call with more than one
       row. With 2 threads it slowed the 1-token step (by 16%), so it is left out there.
     * with one torch thread, float32 decoder Linear layers packed once by oneDNN for verify and batch
-      products (LINEAR_KERNELS, packed_linear); measured with one thread only.
+      products, or on compiled kernels from `kernel_dir` (LINEAR_KERNELS, packed_linear, compiled_linear);
+      measured with one thread only.
+
+    Returns the compiled kernels in use (the LM head takes one too: engine.lm_head_product), or None.
     """
     os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
     if torch.get_num_threads() != 1:
-        return
-    if LINEAR_KERNELS not in ("mkl", "mkl+onednn", "onednn"):
-        raise ValueError(f"TRTSPEC_LINEAR_KERNELS={LINEAR_KERNELS!r}: write mkl+onednn (the default), onednn or mkl")
-    if LINEAR_KERNELS != "mkl" and packed_linear.available():
-        packed_linear.pack_linears(model, gemv=LINEAR_KERNELS == "mkl+onednn")
+        return None
+    if LINEAR_KERNELS not in KERNEL_CHOICES:
+        raise ValueError(f"TRTSPEC_LINEAR_KERNELS={LINEAR_KERNELS!r}: write one of {', '.join(KERNEL_CHOICES)} (mkl+onednn is the default)")
+    kernels, choice = None, LINEAR_KERNELS
+    if choice == "compiled":
+        kernel_dir = kernel_dir if kernel_dir is not None else compiled_linear.cache_dir()
+        kernels, why = compiled_linear.usable_kernels(model, kernel_dir)
+        if kernels is None:
+            print(f"trtspec reference engine: {label}compiled GEMM kernels not used ({why}): mkl+onednn instead", file=sys.stderr, flush=True)
+            choice = "mkl+onednn"
+        else:
+            n = compiled_linear.replace_linears(model, kernels)
+            print(f"trtspec reference engine: {label}{n} Linear layers on compiled GEMM kernels from {kernel_dir}", file=sys.stderr, flush=True)
+    if choice in ("mkl+onednn", "onednn") and packed_linear.available():
+        packed_linear.pack_linears(model, gemv=choice == "mkl+onednn")
     for m in model.modules():
         if isinstance(m, torch.nn.Linear) and m.weight.is_contiguous():
             m.weight.data = m.weight.data.t().contiguous().t()
+    return kernels
 
 
 def pick_device(device: str) -> str:

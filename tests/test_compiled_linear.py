@@ -1,0 +1,107 @@
+"""Compiled GEMM kernels (reference_engine.compiled_linear, device.LINEAR_KERNELS "compiled") on a tiny Llama:
+same products as nn.Linear, a row bitwise the same at any row count, the engine's greedy tokens unchanged, and a
+missing, stale or half-written kernel directory falls back to the default kernels with a log line.
+
+The kernels compile into the machine's kernel cache (compiled_linear.cache_dir(), what `trtspec build` fills):
+two shapes, ~20 s the first time on a 2-core machine, nothing after."""
+
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from trtspec.reference_engine import EngineRequest, ReferenceEngine, compiled_linear, device, packed_linear
+from trtspec.reference_engine.compiled_linear import CompiledLinear
+
+pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="torch built without oneDNN")
+
+
+def _tiny_llama(path):
+    """Like conftest.make_tiny_llama, with every decoder product 32 x 32 (4 KV heads, intermediate 32): the
+    model then needs two kernels (decoder and head), which keeps the first compile short."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=12, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=4, max_position_embeddings=256, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the kernels are the served setting's: one torch thread per engine
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, one_thread):
+    path = _tiny_llama(tmp_path_factory.mktemp("tiny-32"))
+    model = LlamaForCausalLM.from_pretrained(path)
+    assert compiled_linear.linear_shapes(model) == [(12, 32), (32, 32)]
+    compiled_linear.compile_kernels(compiled_linear.linear_shapes(model), compiled_linear.cache_dir())
+    return path
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    monkeypatch.setattr(device, "LINEAR_KERNELS", "compiled")
+    return compiled_linear.cache_dir()
+
+
+def test_compiled_linear_matches_linear_and_a_row_is_the_same_at_any_row_count(tiny):
+    kernel = compiled_linear.load_manifest(compiled_linear.cache_dir())[32, 32]
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(32, 32, bias=False)
+    compiled = CompiledLinear(lin, kernel)
+    x = torch.randn(1, 40, 32)
+    with torch.inference_mode():
+        full = compiled(x)
+        torch.testing.assert_close(full, lin(x), rtol=1e-5, atol=1e-5)
+        for rows in (1, 2, 5, 9, 17):
+            assert torch.equal(compiled(x[:, :rows]), full[:, :rows])
+
+
+def test_engine_on_compiled_kernels_keeps_greedy_tokens(tiny, kernels, capfd, monkeypatch):
+    engine = ReferenceEngine(tiny, device="cpu", dtype="float32")
+    assert "14 Linear layers on compiled GEMM kernels" in capfd.readouterr().err
+    layers = [m for m in engine.model.modules() if isinstance(m, CompiledLinear)]
+    assert len(layers) == 2 * 7 and isinstance(engine._head, CompiledLinear)
+    assert not any(type(m) is torch.nn.Linear and m is not engine.model.lm_head for m in engine.model.modules())
+    monkeypatch.setattr(device, "LINEAR_KERNELS", "mkl+onednn")
+    reference = ReferenceEngine(tiny, device="cpu", dtype="float32")
+    for prompt in ([0, 3, 5], [0, 7, 2, 9, 4, 4]):
+        req = EngineRequest(input_ids=prompt, output_len=10, return_generation_logits=True)
+        got, want = engine.run(req), reference.run(req)
+        assert got.tokens == want.tokens
+        assert abs(got.generation_logits - want.generation_logits).max() < 1e-4
+        # a verify of its own continuation accepts every token, with the decode's bonus token
+        new = got.new_tokens
+        v = engine.run(EngineRequest(input_ids=prompt, output_len=1, draft_ids=new[:-1]))
+        assert v.num_accepted == len(new) - 1 and v.new_tokens == new
+
+
+@pytest.mark.parametrize("broken", ["missing", "stale", "half-written"])
+def test_missing_stale_or_half_written_kernels_fall_back_with_a_log_line(tiny, kernels, tmp_path, capfd, broken, monkeypatch):
+    directory = tmp_path / "kernels"
+    if broken == "stale":
+        compiled_linear.compile_kernels([], directory)  # nothing to compile: no directory
+        directory.mkdir()
+        (directory / compiled_linear.MANIFEST).write_text(json.dumps({"format": compiled_linear.FORMAT, "environment": "another-cpu", "kernels": []}))
+    elif broken == "half-written":
+        def fail(out, inp, workdir):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(compiled_linear, "_compile_one", fail)
+        with pytest.raises(KeyboardInterrupt):
+            compiled_linear.compile_kernels([(32, 32)], directory)
+        assert not (directory / compiled_linear.MANIFEST).exists()
+    engine = ReferenceEngine(tiny, device="cpu", dtype="float32", kernel_dir=directory)
+    err = capfd.readouterr().err
+    assert "compiled GEMM kernels not used" in err and ("stale" in err if broken == "stale" else "missing" in err)
+    assert "mkl+onednn instead" in err
+    assert any(isinstance(m, packed_linear.PackedLinear) for m in engine.model.modules())
+    assert not any(isinstance(m, CompiledLinear) for m in engine.model.modules())
