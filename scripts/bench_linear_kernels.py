@@ -38,11 +38,7 @@ def main() -> None:
     from trtspec.reference_engine.kv_cache import new_cache
 
     if "compiled" in a.kernels.split(","):
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        with torch.device("meta"):
-            shapes = compiled_linear.linear_shapes(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(a.checkpoint)))
-        compiled_linear.compile_kernels(shapes, Path(a.kernel_dir) if a.kernel_dir else compiled_linear.cache_dir())
+        compiled_linear.compile_kernels(compiled_linear.checkpoint_shapes(a.checkpoint), Path(a.kernel_dir) if a.kernel_dir else compiled_linear.cache_dir())
     engines = {}
     for k in a.kernels.split(","):
         device.LINEAR_KERNELS = k

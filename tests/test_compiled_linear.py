@@ -105,3 +105,36 @@ def test_missing_stale_or_half_written_kernels_fall_back_with_a_log_line(tiny, k
     assert "mkl+onednn instead" in err
     assert any(isinstance(m, packed_linear.PackedLinear) for m in engine.model.modules())
     assert not any(isinstance(m, CompiledLinear) for m in engine.model.modules())
+
+
+def test_build_compiles_the_kernels_into_the_deployment_and_the_repository_points_the_engine_at_them(tiny, tmp_path):
+    from trtspec.config import parse_config
+    from trtspec.machine import synthetic_machine
+    from trtspec.pipeline.plan import make_plan
+    from trtspec.repository import generate_repository, list_models
+
+    data = {"name": "ref", "engine": "reference", "device": "cpu", "speculative": {"draft_source": "ngram"},
+            "target": {"checkpoint": str(tiny), "dtype": "float32", "linear_kernels": "compiled"}}
+    cfg = parse_config(data)
+    out = tmp_path / "out"
+    plan = make_plan(cfg, out, synthetic_machine("none"))
+    step = plan.step("compile-kernels")
+    assert step.outputs == [out / "kernels"] and step.expect == ["kernels.json"]
+    assert step.argv[1:] == ["-m", "trtspec.reference_engine.compiled_linear", str(out / "kernels"), str(tiny)]
+    assert "compile-kernels" in plan.step("repository").depends_on
+    compiled_linear.build(out / "kernels", [tiny])  # what the step runs (cached kernels: no compile here)
+    assert set(compiled_linear.load_manifest(out / "kernels")) == {(12, 32), (32, 32)}
+    repo = generate_repository(cfg, out / "model_repository", kernel_dir=out / "kernels")
+    params = {k: v.string_value for k, v in list_models(repo)["tensorrt_llm"].parameters.items()}
+    assert params["linear_kernels"] == "compiled" and params["kernel_dir"] == str((out / "kernels").resolve())
+    # the default adds nothing: no step, no parameters
+    plain = parse_config({**data, "target": {"checkpoint": str(tiny), "dtype": "float32"}})
+    assert "compile-kernels" not in [s.name for s in make_plan(plain, tmp_path / "plain", synthetic_machine("none")).steps]
+
+
+def test_linear_kernels_is_refused_outside_the_reference_engine(tiny):
+    from trtspec.config import ConfigError, parse_config
+
+    with pytest.raises((ConfigError, ValueError), match="linear_kernels applies to engine: reference"):
+        parse_config({"name": "x", "engine": "tensorrt_llm", "speculative": {"draft_source": "ngram"}, "target": {"checkpoint": str(tiny), "dtype": "float16",
+                                                                          "linear_kernels": "compiled"}}, check_paths=False)

@@ -224,3 +224,35 @@ def replace_linears(model: torch.nn.Module, kernels: dict[tuple[int, int], Kerne
             setattr(parent, name, CompiledLinear(lin, k))
             replaced += 1
     return replaced
+
+
+def checkpoint_shapes(checkpoint: str | Path) -> list[tuple[int, int]]:
+    """linear_shapes of a checkpoint's model, built on the meta device (no weights read)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return linear_shapes(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(checkpoint))))
+
+
+def build(out: Path, checkpoints: list[str | Path], log=print) -> None:
+    """`trtspec build`'s compile-kernels step: the kernels of every checkpoint's shapes, compiled into the kernel
+    cache where missing, copied into `out` (a deployment's own directory, which the engine loads from)."""
+    shapes = sorted({s for c in checkpoints for s in checkpoint_shapes(c)})
+    cache = cache_dir()
+    log(f"kernels for {len(shapes)} weight shapes ({', '.join(f'{o}x{i}' for o, i in shapes)}); cache {cache}")
+    compile_kernels(shapes, cache, log)
+    kernels = load_manifest(cache)
+    if kernels is None or any(s not in kernels for s in shapes):
+        raise RuntimeError(f"{cache}: kernels missing after compiling")
+    out.mkdir(parents=True, exist_ok=True)
+    for s in shapes:
+        shutil.copy2(kernels[s].library, out / kernels[s].library.name)
+    manifest = json.loads((cache / MANIFEST).read_text())
+    manifest["kernels"] = [k for k in manifest["kernels"] if (k["out"], k["in"]) in set(shapes)]
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit("usage: python -m trtspec.reference_engine.compiled_linear OUT_DIR CHECKPOINT [CHECKPOINT ...]")
+    build(Path(sys.argv[1]), sys.argv[2:], log=lambda m: print(m, flush=True))

@@ -107,7 +107,8 @@ def choose_precision(requested: str, device: str, flags: frozenset[str] | None =
     return Precision(requested, "as configured", warning)
 
 
-def tune_for_cpu(model: torch.nn.Module, kernel_dir: str | Path | None = None, label: str = "") -> dict | None:
+def tune_for_cpu(model: torch.nn.Module, linear_kernels: str = "auto", kernel_dir: str | Path | None = None,
+                 label: str = "") -> dict | None:
     """Make verifying k + 1 tokens on CPU cheaper (demo target, 1 thread, interleaved runs: a verify of
     4 draft tokens went from 1.76x to 1.53x a 1-token step at 200 tokens of context, 1.94x to 1.63x at
     1,024; the 1-token step itself unchanged).
@@ -119,17 +120,19 @@ def tune_for_cpu(model: torch.nn.Module, kernel_dir: str | Path | None = None, l
       kernels then read them as they are instead of packing them for every call with more than one
       row. With 2 threads it slowed the 1-token step (by 16%), so it is left out there.
     * with one torch thread, float32 decoder Linear layers packed once by oneDNN for verify and batch
-      products, or on compiled kernels from `kernel_dir` (LINEAR_KERNELS, packed_linear, compiled_linear);
-      measured with one thread only.
+      products, or on compiled kernels from `kernel_dir` (`linear_kernels`, auto: LINEAR_KERNELS;
+      packed_linear, compiled_linear); measured with one thread only.
 
     Returns the compiled kernels in use (the LM head takes one too: engine.lm_head_product), or None.
     """
     os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
     if torch.get_num_threads() != 1:
         return None
-    if LINEAR_KERNELS not in KERNEL_CHOICES:
-        raise ValueError(f"TRTSPEC_LINEAR_KERNELS={LINEAR_KERNELS!r}: write one of {', '.join(KERNEL_CHOICES)} (mkl+onednn is the default)")
-    kernels, choice = None, LINEAR_KERNELS
+    choice = LINEAR_KERNELS if linear_kernels == "auto" else linear_kernels
+    if choice not in KERNEL_CHOICES:
+        where = f"TRTSPEC_LINEAR_KERNELS={choice!r}" if linear_kernels == "auto" else f"linear_kernels: {choice!r}"
+        raise ValueError(f"{where}: write one of {', '.join(KERNEL_CHOICES)} (mkl+onednn is the default)")
+    kernels = None
     if choice == "compiled":
         kernel_dir = kernel_dir if kernel_dir is not None else compiled_linear.cache_dir()
         kernels, why = compiled_linear.usable_kernels(model, kernel_dir)
@@ -161,3 +164,25 @@ def describe_precision(requested: str, device: str = "auto") -> str:
         f"not batch-invariant: a position's logits can differ in the last bits between a decode, a verify and a batch ({tokens})"
     )
     return f"{p.dtype} ({p.reason}); {invariant}" + (f"; warning: {p.warning}" if p.warning else "")
+
+
+def describe_linear_kernels(requested: str, checkpoint: str | Path, kernel_dir: str | Path) -> str:
+    """One line for `trtspec doctor`: the weight-product kernels a float32 engine serving at one thread would use
+    (tune_for_cpu), why, and for compiled kernels whether the deployment's `kernel_dir` has them."""
+    choice = LINEAR_KERNELS if requested == "auto" else requested
+    why = "linear_kernels: auto, the engine's default" + (" (TRTSPEC_LINEAR_KERNELS)" if "TRTSPEC_LINEAR_KERNELS" in os.environ else "") \
+        if requested == "auto" else "as configured"
+    if choice != "compiled":
+        return f"{choice} ({why}; float32 at one torch thread per engine)"
+    try:
+        shapes = compiled_linear.checkpoint_shapes(checkpoint)
+    except (OSError, ValueError) as e:
+        return f"compiled ({why}); the checkpoint's shapes are unknown ({e})"
+    have = compiled_linear.load_manifest(Path(kernel_dir)) or {}
+    lacking = [f"{o}x{i}" for o, i in shapes if (o, i) not in have]
+    cached = compiled_linear.load_manifest(compiled_linear.cache_dir()) or {}
+    if not lacking:
+        return f"compiled ({why}): all {len(shapes)} kernels in {kernel_dir}"
+    reuse = sum((o, i) in cached for o, i in shapes)
+    return (f"compiled ({why}): {kernel_dir} lacks {', '.join(lacking)}; `trtspec build` compiles them "
+            f"({reuse} of {len(shapes)} already in the kernel cache); until then the engine uses mkl+onednn")

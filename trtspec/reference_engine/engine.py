@@ -79,6 +79,7 @@ class ReferenceEngine:
         salt: int = 0,
         use_draft_vocab: bool = False,
         eagle3_head: str | Path | None = None,
+        linear_kernels: str = "auto",
         kernel_dir: str | Path | None = None,
     ):
         from transformers import AutoModelForCausalLM
@@ -92,7 +93,7 @@ class ReferenceEngine:
         self.model.eval()
         register_attention()
         self.model.set_attn_implementation(ATTENTION)
-        kernels = tune_for_cpu(self.model, kernel_dir, label=f"{checkpoint}: ") if self.device == "cpu" else None
+        kernels = tune_for_cpu(self.model, linear_kernels, kernel_dir, label=f"{checkpoint}: ") if self.device == "cpu" else None
         self.vocab_size = int(self.model.config.vocab_size)
         # With a draft vocabulary the head scores only those ids; every other logit is -inf, so greedy and
         # sampled proposals and the draft logits returned for rejection sampling all stay within it.
