@@ -138,3 +138,41 @@ def test_linear_kernels_is_refused_outside_the_reference_engine(tiny):
     with pytest.raises((ConfigError, ValueError), match="linear_kernels applies to engine: reference"):
         parse_config({"name": "x", "engine": "tensorrt_llm", "speculative": {"draft_source": "ngram"}, "target": {"checkpoint": str(tiny), "dtype": "float16",
                                                                           "linear_kernels": "compiled"}}, check_paths=False)
+
+
+def test_a_served_engine_runs_on_the_deployments_compiled_kernels(tiny, kernels, tmp_path, monkeypatch):
+    """Through Triton: the model process (one torch thread, as served) loads <out>/kernels; its logits are bitwise
+    those of an in-process engine on the same kernels (other kernels differ in the last bits)."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    from trtspec.config import parse_config
+    from trtspec.repository import generate_repository
+    from trtspec.server import ServerOptions, create_server
+
+    cfg = parse_config({"name": "compiled", "engine": "reference", "device": "cpu", "speculative": {"draft_source": "ngram"},
+                        "target": {"checkpoint": str(tiny), "dtype": "float32", "linear_kernels": "compiled"},
+                        "limits": {"max_batch_size": 2, "max_input_len": 64, "max_seq_len": 80}})
+    compiled_linear.build(tmp_path / "kernels", [tiny])
+    repo = generate_repository(cfg, tmp_path / "model_repository", kernel_dir=tmp_path / "kernels")
+    prompt, n = [0, 7, 2, 9, 4], 6
+    local = ReferenceEngine(tiny, device="cpu", dtype="float32", kernel_dir=tmp_path / "kernels")
+    want = local.run(EngineRequest(input_ids=prompt, output_len=n, return_generation_logits=True))
+    monkeypatch.setattr(device, "LINEAR_KERNELS", "mkl+onednn")
+    other = ReferenceEngine(tiny, device="cpu", dtype="float32").run(EngineRequest(input_ids=prompt, output_len=n, return_generation_logits=True))
+    assert not np.array_equal(other.generation_logits, want.generation_logits)  # the check below can tell them apart
+    monkeypatch.setenv("TRTSPEC_TORCH_THREADS", "1")
+    opts = ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto",
+                         model_control_mode="explicit", load_models=["tensorrt_llm"])
+    with create_server(opts) as s:
+        s.wait_ready(300)
+        with httpclient.InferenceServerClient(s.endpoints.http_address) as c:
+            inputs = []
+            for name, value, dtype in (("input_ids", [prompt], "INT32"), ("input_lengths", [[len(prompt)]], "INT32"),
+                                       ("request_output_len", [[n]], "INT32"), ("return_generation_logits", [[True]], "BOOL")):
+                t = httpclient.InferInput(name, [len(value), len(value[0])], dtype)
+                t.set_data_from_numpy(np.array(value, dtype=bool if dtype == "BOOL" else np.int32))
+                inputs.append(t)
+            r = c.infer("tensorrt_llm", inputs)
+    got = r.as_numpy("generation_logits")[0, 0]
+    assert np.array_equal(got, want.generation_logits)

@@ -13,6 +13,7 @@ import torch
 
 from trtspec.reference_engine import EngineRequest, ReferenceEngine
 from trtspec.reference_engine import packed_linear
+from trtspec.reference_engine.compiled_linear import CompiledLinear
 from trtspec.reference_engine.device import BATCH_EXACT_BF16, BATCH_INVARIANT, CPU_THREADS_PER_ENGINE, LINEAR_KERNELS
 
 DTYPES = ["float32", "bfloat16"]
@@ -42,8 +43,10 @@ def pair(request, demo_pair, served_threads):
     draft = ReferenceEngine(demo_pair.draft, device="cpu", dtype=request.param, salt=1)
     assert next(target.model.parameters()).dtype == getattr(torch, request.param)  # an explicit dtype is honoured
     if request.param == "float32" and LINEAR_KERNELS != "mkl" and packed_linear.available():  # the served kernels
-        assert any(isinstance(m, packed_linear.PackedLinear) for m in target.model.modules())
-        assert isinstance(target._head, packed_linear.PackedLinear)  # the LM head too: verify rows on oneDNN
+        # TRTSPEC_LINEAR_KERNELS=compiled runs this file on compiled kernels (from the kernel cache)
+        kind = CompiledLinear if LINEAR_KERNELS == "compiled" else packed_linear.PackedLinear
+        assert any(isinstance(m, kind) for m in target.model.modules())
+        assert isinstance(target._head, kind)  # the LM head too: verify rows on the decoder's kernels
     return request.param, target, draft
 
 
