@@ -153,12 +153,20 @@ def compile_kernels(shapes: list[tuple[int, int]], directory: Path, log=print) -
     if not missing:
         return
     directory.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(1)  # the kernels are generated for the engine's one thread
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the kernels are generated (and autotuned) for the engine's one thread
+    try:
+        _compile_missing(missing, have, directory, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compile_missing(missing: list[tuple[int, int]], have: dict, directory: Path, log) -> None:
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         new = {}
         for i, (out, inp) in enumerate(missing, 1):
             t = time.perf_counter()
-            log(f"compiling the {out}x{inp} GEMM kernel ({i}/{len(missing)}, Inductor CPP template; about 15-60 s)")
+            log(f"compiling the {out}x{inp} GEMM kernel ({i}/{len(missing)}, Inductor CPP template; 10-20 s on 2 cores)")
             k = _compile_one(out, inp, Path(tmp))
             final = directory / k.library.name
             os.replace(k.library, final)

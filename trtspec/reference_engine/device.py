@@ -126,9 +126,12 @@ def tune_for_cpu(model: torch.nn.Module, linear_kernels: str = "auto", kernel_di
     Returns the compiled kernels in use (the LM head takes one too: engine.lm_head_product), or None.
     """
     os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
-    if torch.get_num_threads() != 1:
-        return None
     choice = LINEAR_KERNELS if linear_kernels == "auto" else linear_kernels
+    if torch.get_num_threads() != 1:
+        if choice == "compiled":
+            print(f"trtspec reference engine: {label}compiled GEMM kernels not used ({torch.get_num_threads()} torch "
+                  "threads; they are generated for one, the served setting)", file=sys.stderr, flush=True)
+        return None
     if choice not in KERNEL_CHOICES:
         where = f"TRTSPEC_LINEAR_KERNELS={choice!r}" if linear_kernels == "auto" else f"linear_kernels: {choice!r}"
         raise ValueError(f"{where}: write one of {', '.join(KERNEL_CHOICES)} (mkl+onednn is the default)")
