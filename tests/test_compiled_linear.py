@@ -64,6 +64,7 @@ def test_compiled_linear_matches_linear_and_a_row_is_the_same_at_any_row_count(t
         torch.testing.assert_close(full, lin(x), rtol=1e-5, atol=1e-5)
         for rows in (1, 2, 5, 9, 17):
             assert torch.equal(compiled(x[:, :rows]), full[:, :rows])
+        assert compiled(x[:, :0]).shape == (1, 0, 32)  # no rows: no kernel call (its blocking divides by the row count)
 
 
 def test_engine_on_compiled_kernels_keeps_greedy_tokens(tiny, kernels, capfd, monkeypatch):
@@ -83,6 +84,36 @@ def test_engine_on_compiled_kernels_keeps_greedy_tokens(tiny, kernels, capfd, mo
         new = got.new_tokens
         v = engine.run(EngineRequest(input_ids=prompt, output_len=1, draft_ids=new[:-1]))
         assert v.num_accepted == len(new) - 1 and v.new_tokens == new
+
+
+def test_on_compiled_kernels_a_positions_logits_are_bitwise_the_same_in_a_decode_a_verify_and_a_batch(tiny, kernels):
+    from trtspec.ragged import Segment
+    from trtspec.reference_engine.kv_cache import new_cache
+
+    engine = ReferenceEngine(tiny, device="cpu", dtype="float32")
+    assert engine.batch_invariant
+    prompt = [0, 7, 2, 9, 4]
+    solo = engine.run(EngineRequest(input_ids=prompt, output_len=5, return_generation_logits=True))
+    engine.cache = type(engine.cache)(engine.cache.max_entries, engine.cache.max_bytes)  # the verify's own prefill
+    v = engine.run(EngineRequest(input_ids=prompt, output_len=1, draft_ids=solo.new_tokens[:4], return_generation_logits=True))
+    assert v.num_accepted == 4 and (v.generation_logits == solo.generation_logits).all()
+    # one step of 6 sequences together (a 4-token verify among 1-token rows) against each alone
+    seqs = [prompt[:2 + i] + solo.new_tokens[:i] for i in range(6)]
+
+    def segments():
+        out = []
+        for i, s in enumerate(seqs):
+            n = 4 if i == 2 else 1
+            seg = Segment(new_cache(engine.model.config), s[:-n], 0, 0)
+            engine.forward([seg])
+            out.append(Segment(seg.cache, s[-n:], len(s) - n, n))
+        return out
+    together = segments()
+    engine.forward(together)
+    alone = segments()
+    for seg in alone:
+        engine.forward([seg])
+    assert all(torch.equal(a.logits, t.logits) for a, t in zip(alone, together))
 
 
 @pytest.mark.parametrize("broken", ["missing", "stale", "half-written"])

@@ -23,6 +23,7 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # (tests/test_engine_exactness.py checks it against the real engine). The CPU GEMM kernels (MKL for fp32,
 # oneDNN for bf16/fp16) choose their blocking by the number of rows, so the last bits differ; greedy tokens
 # stay identical (same test), as they do on TensorRT-LLM, whose kernels are not batch-invariant either.
+# On compiled kernels (LINEAR_KERNELS "compiled") a float32 engine is batch-invariant (ReferenceEngine.batch_invariant).
 BATCH_INVARIANT = {"float32": False, "bfloat16": False, "float16": False}
 
 # Whether bf16's greedy tokens stay the same in a batch as alone. Measured not (demo target, a request in a batch
@@ -185,7 +186,8 @@ def describe_linear_kernels(requested: str, checkpoint: str | Path, kernel_dir: 
     lacking = [f"{o}x{i}" for o, i in shapes if (o, i) not in have]
     cached = compiled_linear.load_manifest(compiled_linear.cache_dir()) or {}
     if not lacking:
-        return f"compiled ({why}): all {len(shapes)} kernels in {kernel_dir}"
+        return (f"compiled ({why}): all {len(shapes)} kernels in {kernel_dir}; batch-invariant in float32: a position's "
+                "logits bitwise the same in a decode, a verify and a batch")
     reuse = sum((o, i) in cached for o, i in shapes)
     return (f"compiled ({why}): {kernel_dir} lacks {', '.join(lacking)}; `trtspec build` compiles them "
             f"({reuse} of {len(shapes)} already in the kernel cache); until then the engine uses mkl+onednn")

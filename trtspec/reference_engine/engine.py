@@ -94,6 +94,9 @@ class ReferenceEngine:
         register_attention()
         self.model.set_attn_implementation(ATTENTION)
         kernels = tune_for_cpu(self.model, linear_kernels, kernel_dir, label=f"{checkpoint}: ") if self.device == "cpu" else None
+        # On compiled kernels every product is batch-invariant (compiled_linear); with attention one query row at
+        # a time (RaggedBatch.row_invariant) a position's logits are bitwise the same in a decode, a verify and a batch.
+        self.batch_invariant = kernels is not None
         self.vocab_size = int(self.model.config.vocab_size)
         # With a draft vocabulary the head scores only those ids; every other logit is -inf, so greedy and
         # sampled proposals and the draft logits returned for rejection sampling all stay within it.
@@ -137,7 +140,7 @@ class ReferenceEngine:
         """One forward pass over all segments; sets each one's logits (raw, float32) and extends its cache.
         Only the wanted rows go through the LM head: with a 49k vocabulary the head over a whole prompt
         would cost as much as the prefill itself."""
-        batch = RaggedBatch(segments)
+        batch = RaggedBatch(segments, row_invariant=self.batch_invariant)
         ids, pos, rows = batch.inputs(self.device)
         with torch.inference_mode():
             if self.draft_vocab is None and self._head is not None:
