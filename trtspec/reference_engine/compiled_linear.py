@@ -213,6 +213,10 @@ class CompiledLinear(torch.nn.Module):
         # user_managed: the kernel reads self.blocked in place (kept alive by this module).
         self.runner.update_constant_buffer({kernel.constant: self.blocked}, False, False, True)
 
+    @property
+    def nbytes(self) -> int:
+        return self.in_features * self.out_features * 4
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         if x.numel() == 0:  # the kernel's row blocking divides by the row count
