@@ -1,7 +1,7 @@
 """The reference engine's decode, verify and batched steps with each Linear kernel choice, interleaved in one process.
 
     python scripts/bench_linear_kernels.py [--checkpoint PATH] [--kernels mkl,mkl+onednn,onednn,compiled] [--rounds 11]
-        [--model-head] [--kernel-dir DIR]
+        [--model-head] [--kernel-dir DIR] [--one-attention-call]
 
 One engine per choice of device.LINEAR_KERNELS (float32, 1 torch thread, as the demo serves), each row with 64
 tokens of its own KV cache; with --model-head, also each with its logits from the model's own LM head module
@@ -31,6 +31,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--model-head", action="store_true", help="also each engine with the model's own LM head")
     ap.add_argument("--kernel-dir", default=None, help="compiled kernels [default: compiled_linear.cache_dir()]")
+    ap.add_argument("--one-attention-call", action="store_true",
+                    help="also the compiled engine with a verify's rows in one SDPA call (not batch-invariant)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     from trtspec.ragged import Segment
@@ -45,6 +47,9 @@ def main() -> None:
         t = time.perf_counter()
         engines[k] = ReferenceEngine(a.checkpoint, dtype="float32", kernel_dir=a.kernel_dir)
         print(f"{k}: engine loaded in {time.perf_counter() - t:.1f} s", flush=True)
+        if k == "compiled" and a.one_attention_call:
+            engines[f"{k}, one attention call"] = e = ReferenceEngine(a.checkpoint, dtype="float32", kernel_dir=a.kernel_dir)
+            e.batch_invariant = False
         if a.model_head:
             engines[f"{k}, model's head"] = e = ReferenceEngine(a.checkpoint, dtype="float32")
             e._head = None
