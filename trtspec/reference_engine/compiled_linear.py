@@ -83,6 +83,8 @@ def linear_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
 def usable_kernels(model: torch.nn.Module, directory: str | Path | None) -> tuple[dict[tuple[int, int], Kernel] | None, str]:
     """The kernels in `directory` (default: cache_dir()) if they cover every shape of `model`, else None and why."""
     directory = Path(directory) if directory is not None else cache_dir()
+    if not linear_shapes(model):
+        return None, "no float32 Linear layers: the kernels are float32 only"
     kernels = load_manifest(directory)
     if kernels is None:
         why = "missing" if not (directory / MANIFEST).exists() else "stale: compiled for another torch build or CPU"
