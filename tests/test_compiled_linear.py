@@ -86,10 +86,12 @@ def test_engine_on_compiled_kernels_keeps_greedy_tokens(tiny, kernels, capfd, mo
         assert v.num_accepted == len(new) - 1 and v.new_tokens == new
 
 
-def test_on_compiled_kernels_a_positions_logits_are_bitwise_the_same_in_a_decode_a_verify_and_a_batch(tiny, kernels):
+def test_on_compiled_kernels_a_positions_logits_are_bitwise_the_same_in_a_decode_a_verify_and_a_batch(tiny, kernels, monkeypatch):
     from trtspec.ragged import Segment
     from trtspec.reference_engine.kv_cache import new_cache
 
+    assert not ReferenceEngine(tiny, device="cpu", dtype="float32").batch_invariant  # the default: one attention call
+    monkeypatch.setattr(device, "BATCH_INVARIANT_ATTENTION", True)  # TRTSPEC_BATCH_INVARIANT=1
     engine = ReferenceEngine(tiny, device="cpu", dtype="float32")
     assert engine.batch_invariant
     prompt = [0, 7, 2, 9, 4]

@@ -4,7 +4,8 @@ For every dtype the engine offers on this device: greedy speculative output (dem
 verifying) is token-identical to target-only; a verify of the target's own continuation accepts all of it and
 its bonus token is the decode's next token; a request stepped in a batch of 16 is token-identical to itself
 alone (except bf16, measured not: device.BATCH_EXACT_BF16). Where device.BATCH_INVARIANT says a dtype is batch-invariant,
-or the engine is (ReferenceEngine.batch_invariant: on compiled kernels, e.g. TRTSPEC_LINEAR_KERNELS=compiled), a
+or the engine is (ReferenceEngine.batch_invariant: on compiled kernels with TRTSPEC_LINEAR_KERNELS=compiled
+TRTSPEC_BATCH_INVARIANT=1), a
 position's logits are also asserted bitwise equal across decode, verify and batch."""
 
 from contextlib import nullcontext
@@ -89,7 +90,7 @@ def test_verify_of_the_targets_own_tokens_accepts_all_and_matches_decode(pair):
     own = solo.new_tokens[:4]
     verified = target.run(EngineRequest(list(PROMPT), output_len=1, draft_ids=own, return_generation_logits=True))
     assert verified.num_accepted == 4 and verified.new_tokens == solo.new_tokens
-    if BATCH_INVARIANT[dtype] or target.batch_invariant:  # the latter: on compiled kernels
+    if BATCH_INVARIANT[dtype] or target.batch_invariant:
         assert (verified.generation_logits == solo.generation_logits).all()
 
 
@@ -103,5 +104,5 @@ def test_a_request_in_a_batch_of_16_equals_itself_alone(pair, request):
     target.cache = type(target.cache)(target.cache.max_entries, target.cache.max_bytes)  # batched prefill too
     batched = _together(target, reqs)
     assert [r.tokens for r in batched] == [r.tokens for r in solo]
-    if BATCH_INVARIANT[dtype] or target.batch_invariant:  # the latter: on compiled kernels
+    if BATCH_INVARIANT[dtype] or target.batch_invariant:
         assert all((b.generation_logits == s.generation_logits).all() for b, s in zip(batched, solo))

@@ -80,8 +80,8 @@ class ModelConfig(_Strict):
         description="engine: reference only (float32 on CPU, one torch thread per engine): the kernels of the weight "
         "products. auto: the engine's default, mkl+onednn (MKL for 1 row, oneDNN-packed weights for 2+); compiled: "
         "GEMM kernels Inductor's CPP template generates for this CPU, compiled once by `trtspec build` (about 1 min; "
-        "cached per torch build and CPU) and loaded in under a second: verify and batch products 10-26% cheaper, and "
-        "the engine batch-invariant (a position's logits bitwise the same in a decode, a verify and a batch; "
+        "cached per torch build and CPU) and loaded in under a second: a verify of 4 drafts ~20% cheaper, its "
+        "products bitwise the same at any row count (with TRTSPEC_BATCH_INVARIANT=1 the whole engine is; "
         "docs/benchmarks/engine.md); where they are missing or stale the engine logs it and uses mkl+onednn",
     )
 

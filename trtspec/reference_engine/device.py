@@ -23,7 +23,7 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # (tests/test_engine_exactness.py checks it against the real engine). The CPU GEMM kernels (MKL for fp32,
 # oneDNN for bf16/fp16) choose their blocking by the number of rows, so the last bits differ; greedy tokens
 # stay identical (same test), as they do on TensorRT-LLM, whose kernels are not batch-invariant either.
-# On compiled kernels (LINEAR_KERNELS "compiled") a float32 engine is batch-invariant (ReferenceEngine.batch_invariant).
+# On compiled kernels with BATCH_INVARIANT_ATTENTION a float32 engine is (ReferenceEngine.batch_invariant).
 BATCH_INVARIANT = {"float32": False, "bfloat16": False, "float16": False}
 
 # Whether bf16's greedy tokens stay the same in a batch as alone. Measured not (demo target, a request in a batch
@@ -50,6 +50,13 @@ CPU_THREADS_PER_ENGINE = 1
 #                 missing or stale the engine says so and uses "mkl+onednn".
 LINEAR_KERNELS = os.environ.get("TRTSPEC_LINEAR_KERNELS", "mkl+onednn")
 KERNEL_CHOICES = ("mkl+onednn", "onednn", "mkl", "compiled")
+
+# On compiled kernels, whether a verify's query rows attend one at a time (ragged.RaggedBatch.row_invariant), the
+# one step left whose sums depend on the row count: then a position's logits are bitwise the same in a decode, a
+# verify and a batch (ReferenceEngine.batch_invariant), for ~10% more per verify (AVX2 Zen 3, demo target: verify
+# of 4 drafts 1.22x a step in one call, 1.42x row by row; docs/benchmarks/engine.md). Greedy tokens are the same
+# either way (tests/test_engine_exactness.py), so the faster one is the default.
+BATCH_INVARIANT_ATTENTION = os.environ.get("TRTSPEC_BATCH_INVARIANT", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -186,8 +193,10 @@ def describe_linear_kernels(requested: str, checkpoint: str | Path, kernel_dir: 
     lacking = [f"{o}x{i}" for o, i in shapes if (o, i) not in have]
     cached = compiled_linear.load_manifest(compiled_linear.cache_dir()) or {}
     if not lacking:
-        return (f"compiled ({why}): all {len(shapes)} kernels in {kernel_dir}; batch-invariant in float32: a position's "
-                "logits bitwise the same in a decode, a verify and a batch")
+        invariant = ("batch-invariant (TRTSPEC_BATCH_INVARIANT=1): a position's logits bitwise the same in a decode, "
+                     "a verify and a batch") if BATCH_INVARIANT_ATTENTION else \
+            "products batch-invariant, attention not (TRTSPEC_BATCH_INVARIANT=1 makes it so, ~10% more per verify)"
+        return f"compiled ({why}): all {len(shapes)} kernels in {kernel_dir}; {invariant}"
     reuse = sum((o, i) in cached for o, i in shapes)
     return (f"compiled ({why}): {kernel_dir} lacks {', '.join(lacking)}; `trtspec build` compiles them "
             f"({reuse} of {len(shapes)} already in the kernel cache); until then the engine uses mkl+onednn")

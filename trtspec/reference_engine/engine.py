@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from trtspec.ragged import ATTENTION, RaggedBatch, Segment, register as register_attention
+from trtspec.reference_engine import device as device_settings
 from trtspec.reference_engine.device import _DTYPES, choose_precision, pick_device, tune_for_cpu
 from trtspec.reference_engine.draft_vocab import draft_head, load_draft_vocab
 from trtspec.reference_engine.eagle3 import InEngineDrafter
@@ -96,7 +97,7 @@ class ReferenceEngine:
         kernels = tune_for_cpu(self.model, linear_kernels, kernel_dir, label=f"{checkpoint}: ") if self.device == "cpu" else None
         # On compiled kernels every product is batch-invariant (compiled_linear); with attention one query row at
         # a time (RaggedBatch.row_invariant) a position's logits are bitwise the same in a decode, a verify and a batch.
-        self.batch_invariant = kernels is not None
+        self.batch_invariant = kernels is not None and device_settings.BATCH_INVARIANT_ATTENTION
         self.vocab_size = int(self.model.config.vocab_size)
         # With a draft vocabulary the head scores only those ids; every other logit is -inf, so greedy and
         # sampled proposals and the draft logits returned for rejection sampling all stay within it.
