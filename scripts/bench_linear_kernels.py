@@ -1,13 +1,14 @@
 """The reference engine's decode, verify and batched steps with each Linear kernel choice, interleaved in one process.
 
-    python scripts/bench_linear_kernels.py [--checkpoint PATH] [--kernels mkl,mkl+onednn,onednn] [--rounds 11]
-        [--model-head]
+    python scripts/bench_linear_kernels.py [--checkpoint PATH] [--kernels mkl,mkl+onednn,onednn,compiled] [--rounds 11]
+        [--model-head] [--kernel-dir DIR] [--one-attention-call]
 
 One engine per choice of device.LINEAR_KERNELS (float32, 1 torch thread, as the demo serves), each row with 64
 tokens of its own KV cache; with --model-head, also each with its logits from the model's own LM head module
 instead of engine.lm_head_product (the engine before the head followed the decoder's kernels). Every round
 times each cell once on every engine in turn, so a load change on a shared machine hits all of them alike.
-Medians over the rounds.
+Medians over the rounds. "compiled" loads the kernels from --kernel-dir (default: the kernel cache,
+compiled_linear.cache_dir(), compiling what is missing first); each engine's load time is printed.
 """
 
 from __future__ import annotations
@@ -29,16 +30,26 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--model-head", action="store_true", help="also each engine with the model's own LM head")
+    ap.add_argument("--kernel-dir", default=None, help="compiled kernels [default: compiled_linear.cache_dir()]")
+    ap.add_argument("--one-attention-call", action="store_true",
+                    help="also the compiled engine with a verify's rows in one SDPA call (not batch-invariant)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     from trtspec.ragged import Segment
-    from trtspec.reference_engine import ReferenceEngine, device
+    from trtspec.reference_engine import ReferenceEngine, compiled_linear, device
     from trtspec.reference_engine.kv_cache import new_cache
 
+    if "compiled" in a.kernels.split(","):
+        compiled_linear.compile_kernels(compiled_linear.checkpoint_shapes(a.checkpoint), Path(a.kernel_dir) if a.kernel_dir else compiled_linear.cache_dir())
     engines = {}
     for k in a.kernels.split(","):
         device.LINEAR_KERNELS = k
-        engines[k] = ReferenceEngine(a.checkpoint, dtype="float32")
+        t = time.perf_counter()
+        engines[k] = ReferenceEngine(a.checkpoint, dtype="float32", kernel_dir=a.kernel_dir)
+        print(f"{k}: engine loaded in {time.perf_counter() - t:.1f} s", flush=True)
+        if k == "compiled" and a.one_attention_call:
+            engines[f"{k}, one attention call"] = e = ReferenceEngine(a.checkpoint, dtype="float32", kernel_dir=a.kernel_dir)
+            e.batch_invariant = False
         if a.model_head:
             engines[f"{k}, model's head"] = e = ReferenceEngine(a.checkpoint, dtype="float32")
             e._head = None

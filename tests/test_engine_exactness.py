@@ -3,8 +3,10 @@
 For every dtype the engine offers on this device: greedy speculative output (demo draft proposing, target
 verifying) is token-identical to target-only; a verify of the target's own continuation accepts all of it and
 its bonus token is the decode's next token; a request stepped in a batch of 16 is token-identical to itself
-alone (except bf16, measured not: device.BATCH_EXACT_BF16). Where device.BATCH_INVARIANT says a dtype is batch-invariant, a position's logits are also asserted
-bitwise equal across decode, verify and batch."""
+alone (except bf16, measured not: device.BATCH_EXACT_BF16). Where device.BATCH_INVARIANT says a dtype is batch-invariant,
+or the engine is (ReferenceEngine.batch_invariant: on compiled kernels with TRTSPEC_LINEAR_KERNELS=compiled
+TRTSPEC_BATCH_INVARIANT=1), a
+position's logits are also asserted bitwise equal across decode, verify and batch."""
 
 from contextlib import nullcontext
 
@@ -13,6 +15,7 @@ import torch
 
 from trtspec.reference_engine import EngineRequest, ReferenceEngine
 from trtspec.reference_engine import packed_linear
+from trtspec.reference_engine.compiled_linear import CompiledLinear
 from trtspec.reference_engine.device import BATCH_EXACT_BF16, BATCH_INVARIANT, CPU_THREADS_PER_ENGINE, LINEAR_KERNELS
 
 DTYPES = ["float32", "bfloat16"]
@@ -42,8 +45,10 @@ def pair(request, demo_pair, served_threads):
     draft = ReferenceEngine(demo_pair.draft, device="cpu", dtype=request.param, salt=1)
     assert next(target.model.parameters()).dtype == getattr(torch, request.param)  # an explicit dtype is honoured
     if request.param == "float32" and LINEAR_KERNELS != "mkl" and packed_linear.available():  # the served kernels
-        assert any(isinstance(m, packed_linear.PackedLinear) for m in target.model.modules())
-        assert isinstance(target._head, packed_linear.PackedLinear)  # the LM head too: verify rows on oneDNN
+        # TRTSPEC_LINEAR_KERNELS=compiled runs this file on compiled kernels (from the kernel cache)
+        kind = CompiledLinear if LINEAR_KERNELS == "compiled" else packed_linear.PackedLinear
+        assert any(isinstance(m, kind) for m in target.model.modules())
+        assert isinstance(target._head, kind)  # the LM head too: verify rows on the decoder's kernels
     return request.param, target, draft
 
 
@@ -85,7 +90,7 @@ def test_verify_of_the_targets_own_tokens_accepts_all_and_matches_decode(pair):
     own = solo.new_tokens[:4]
     verified = target.run(EngineRequest(list(PROMPT), output_len=1, draft_ids=own, return_generation_logits=True))
     assert verified.num_accepted == 4 and verified.new_tokens == solo.new_tokens
-    if BATCH_INVARIANT[dtype]:
+    if BATCH_INVARIANT[dtype] or target.batch_invariant:
         assert (verified.generation_logits == solo.generation_logits).all()
 
 
@@ -99,5 +104,5 @@ def test_a_request_in_a_batch_of_16_equals_itself_alone(pair, request):
     target.cache = type(target.cache)(target.cache.max_entries, target.cache.max_bytes)  # batched prefill too
     batched = _together(target, reqs)
     assert [r.tokens for r in batched] == [r.tokens for r in solo]
-    if BATCH_INVARIANT[dtype]:
+    if BATCH_INVARIANT[dtype] or target.batch_invariant:
         assert all((b.generation_logits == s.generation_logits).all() for b, s in zip(batched, solo))

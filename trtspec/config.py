@@ -37,6 +37,11 @@ class EngineKind(str, Enum):
 # auto: engine: reference only, which picks bf16 where the CPU computes it natively and fp32 elsewhere
 Dtype = Literal["auto", "float16", "bfloat16", "float32"]
 
+# The reference engine's weight-product kernels on CPU (float32, one torch thread per engine, as served):
+# auto: the engine's default (reference_engine.device.LINEAR_KERNELS: mkl+onednn, or TRTSPEC_LINEAR_KERNELS);
+# compiled: Inductor CPP GEMM kernels for this CPU, compiled by `trtspec build` (reference_engine.compiled_linear).
+LinearKernels = Literal["auto", "mkl+onednn", "onednn", "mkl", "compiled"]
+
 # The reference engine's default prefix-cache budget per model: the demo target's KV cache is 45 KiB per
 # token (float32), so this holds ~5,800 tokens, e.g. 8 streams of 700.
 
@@ -68,6 +73,16 @@ class ModelConfig(_Strict):
         "least recently used entries are evicted. The CPU analogue of kv_cache_free_gpu_mem_fraction. Default: "
         "enough for limits.max_batch_size sequences of limits.max_seq_len tokens (less evicts a running stream's "
         "cache between its iterations, and each iteration then recomputes the whole sequence)",
+    )
+
+    linear_kernels: LinearKernels = Field(
+        default="auto",
+        description="engine: reference only (float32 on CPU, one torch thread per engine): the kernels of the weight "
+        "products. auto: the engine's default, mkl+onednn (MKL for 1 row, oneDNN-packed weights for 2+); compiled: "
+        "GEMM kernels Inductor's CPP template generates for this CPU, compiled once by `trtspec build` (about 1 min; "
+        "cached per torch build and CPU) and loaded in under a second: a verify of 4 drafts ~20% cheaper, its "
+        "products bitwise the same at any row count (with TRTSPEC_BATCH_INVARIANT=1 the whole engine is; "
+        "docs/benchmarks/engine.md); where they are missing or stale the engine logs it and uses mkl+onednn",
     )
 
     @field_validator("kv_cache_max_bytes", mode="before")
@@ -303,6 +318,8 @@ class BuildConfig(_Strict):
                 m = getattr(self, role)
                 if m is not None and m.dtype == "auto":
                     raise ValueError(f"{role}.dtype: auto applies to engine: reference; write float16, bfloat16 or float32")
+                if m is not None and m.linear_kernels != "auto":
+                    raise ValueError(f"{role}.linear_kernels applies to engine: reference; remove it")
                 if m is not None and "kv_cache_max_bytes" in m.model_fields_set:
                     raise ValueError(
                         f"{role}.kv_cache_max_bytes applies to engine: reference; TensorRT-LLM sizes its KV cache "

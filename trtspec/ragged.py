@@ -35,8 +35,16 @@ class Segment:
 class RaggedBatch:
     """Per-step state the attention function reads (passed through the model's forward kwargs)."""
 
-    def __init__(self, segments: list[Segment]):
+    # Segments of at most this many tokens attend one query row at a time when `row_invariant` (a verify's k + 1
+    # rows); longer ones (prefill) in one call.
+    ROW_INVARIANT_MAX = 16
+
+    def __init__(self, segments: list[Segment], row_invariant: bool = False):
+        """row_invariant: each query row of a short segment attends alone over the keys it sees, the same call
+        a 1-token decode of that position makes, so its output is bitwise the decode's (one SDPA call with k + 1
+        query rows reduces in another order: the engine's batch invariance, with compiled kernels)."""
         self.segments = segments
+        self.row_invariant = row_invariant
         bounds, s = [], 0
         for seg in segments:
             bounds.append((s, s + len(seg.tokens)))
@@ -94,10 +102,17 @@ def ragged_attention(module, query, key, value, attention_mask, dropout: float =
         q, k, v = (query, key, value) if alone else (query[:, :, s:e], key[:, :, s:e], value[:, :, s:e])
         k, v = seg.cache.update(k, v, module.layer_idx)
         n, kv = e - s, k.shape[2]
+        if ragged.row_invariant and 1 < n <= ragged.ROW_INVARIANT_MAX:
+            for j in range(n):  # query j is position kv - n + j: it sees keys 0 .. kv - n + j
+                seen = kv - n + j + 1
+                out, _ = sdpa_attention_forward(module, q[:, :, j : j + 1], k[:, :, :seen], v[:, :, :seen], None,
+                                                dropout=dropout, scaling=scaling, is_causal=False)
+                outs.append(out)
+            continue
         mask = ragged.mask(i, kv, query.device)
         out, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling, is_causal=n > 1 and mask is None)
         outs.append(out)
-    return (outs[0] if alone else torch.cat(outs, dim=1)), None
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)), None
 
 
 def register() -> None:

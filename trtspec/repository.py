@@ -204,6 +204,7 @@ def _engine_config(
     engine_dir: Path | None,
     trtllm_version: str | None,
     kv_fraction: float | None,
+    kernel_dir: Path | None = None,
 ) -> mc.ModelConfig:
     model = getattr(cfg, role)
     config = engine_io(load_template(TARGET), trtllm_version)
@@ -229,6 +230,9 @@ def _engine_config(
             max_num_tokens=plan_max_num_tokens(cfg),
             use_draft_vocab=role == "draft",  # a draft checkpoint's draft_vocab.json, if it has one
             exclude_input_in_output=False,  # the loop reads the whole sequence back, as NVIDIA's BLS does
+            **({} if model.linear_kernels == "auto" else {"linear_kernels": model.linear_kernels}),
+            # compiled kernels: the deployment's own copy (trtspec build's compile-kernels step)
+            **({"kernel_dir": Path(kernel_dir).resolve()} if kernel_dir is not None and model.linear_kernels == "compiled" else {}),
         )
         if role == "target" and drafts_in_target(cfg):
             _set_params(config, eagle3_head=checkpoint_path(cfg, "draft").resolve())
@@ -256,6 +260,7 @@ def generate_repository(
     draft_engine_dir: Path | None = None,
     trtllm_version: str | None = None,
     kv_cache_fractions: dict[str, float] | None = None,
+    kernel_dir: Path | None = None,
 ) -> Path:
     """Writes `output_dir` (replacing it only once the new one is complete) and returns it."""
     output_dir = Path(output_dir)
@@ -276,7 +281,7 @@ def generate_repository(
             write_llmapi_models(cfg, partial, w.write, load_template(TEXT), draft_dir=draft_engine_dir,
                                 version=version, kv_fraction=fractions.get("target"))
         else:
-            _write_models(cfg, partial, version, fractions, target_engine_dir, draft_engine_dir)
+            _write_models(cfg, partial, version, fractions, target_engine_dir, draft_engine_dir, kernel_dir)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)  # nothing half-written is left looking finished
         raise
@@ -293,6 +298,7 @@ def _write_models(
     fractions: dict[str, float],
     target_engine_dir: Path | None,
     draft_engine_dir: Path | None,
+    kernel_dir: Path | None = None,
 ) -> None:
     spec = cfg.speculative
     # an EAGLE-3 head drafts inside the target engine: no tensorrt_llm_draft model
@@ -311,9 +317,9 @@ def _write_models(
         w.write(c, TEMPLATES / name / "1" / "model.py")
 
     engine_py = TEMPLATES / "reference_engine" / "1" / "model.py" if cfg.engine is EngineKind.reference else None
-    w.write(w.batch(_engine_config(cfg, "target", TARGET, target_engine_dir, version, fractions.get("target"))), engine_py)
+    w.write(w.batch(_engine_config(cfg, "target", TARGET, target_engine_dir, version, fractions.get("target"), kernel_dir)), engine_py)
     if cfg.draft is not None and uses_model:
-        w.write(w.batch(_engine_config(cfg, "draft", DRAFT, draft_engine_dir, version, fractions.get("draft"))), engine_py)
+        w.write(w.batch(_engine_config(cfg, "draft", DRAFT, draft_engine_dir, version, fractions.get("draft"), kernel_dir)), engine_py)
     aliases = LEGACY_ENGINE_NAMES if legacy_tensor_names(version) else {}
     # token ids in (speculative, baseline_loop) or text in (ensemble, baseline): one LoopModel serves both
     for name, template, declare_io, baseline in (

@@ -12,7 +12,7 @@ from trtspec.pipeline.plan import make_plan
 from trtspec.pipeline.preflight import describe_estimates
 from trtspec.checkpoint import CheckpointError, CheckpointInfo, format_bytes, format_params
 from trtspec.commands._common import UserError, console, friendly_errors
-from trtspec.config import ConfigError, EngineKind, load_config
+from trtspec.config import ConfigError, EngineKind, checkpoint_path, load_config
 from trtspec.contract.nvidia import ENGINE_FLOW_RANGE
 from trtspec.demo_pair import DemoPairError
 from trtspec.machine import GpuSpecError, Machine, machine_inventory
@@ -70,11 +70,12 @@ def command(config: Path, gpus: str | None, output: Path | None) -> None:
     say(pair_table(plan.infos))
     print_machine(machine, out)
     if cfg.engine is EngineKind.reference:
-        from trtspec.reference_engine.device import describe_precision
+        from trtspec.reference_engine.device import describe_linear_kernels, describe_precision
 
         for role in ("target", "draft"):
             if getattr(cfg, role) is not None:
                 say(f"  {role} precision: {escape(describe_precision(getattr(cfg, role).dtype, cfg.device))}")
+                say(f"  {role} weight products: {escape(describe_linear_kernels(getattr(cfg, role).linear_kernels, checkpoint_path(cfg, role), out / 'kernels'))}")
 
     if cfg.engine is EngineKind.tensorrt_llm and pf.placement:
         say("[bold]Build plan[/]")

@@ -476,7 +476,27 @@ def make_plan(
                 role="draft",
             )
         )
-    repo_deps = [s.name for s in steps if s.name.startswith(("build-", "quantize-draft"))] or ["preflight"]
+    compiled = [r for r in checkpoints if cfg.engine is EngineKind.reference and getattr(cfg, r).linear_kernels == "compiled"]
+    if compiled:
+        from trtspec.reference_engine.compiled_linear import environment_key
+
+        steps.append(
+            Step(
+                name="compile-kernels",
+                description=f"compile the {' and '.join(compiled)}'s GEMM kernels for this CPU (Inductor CPP template, "
+                "AOTInductor; about 15 s per weight shape, shapes already in the kernel cache reused)",
+                kind="process",
+                argv=[sys.executable, "-m", "trtspec.reference_engine.compiled_linear", str(output_dir / "kernels"),
+                      *[str(checkpoints[r]) for r in compiled]],
+                env={},
+                inputs=[str(checkpoints[r]) for r in compiled],
+                outputs=[output_dir / "kernels"],
+                expect=["kernels.json"],
+                depends_on=["preflight"],
+                key_parts={"checkpoints": {r: fps[r] for r in compiled}, "environment": environment_key()},
+            )
+        )
+    repo_deps = [s.name for s in steps if s.name.startswith(("build-", "quantize-draft", "compile-kernels"))] or ["preflight"]
     steps.append(
         Step(
             name="repository",

@@ -310,6 +310,8 @@ class Runner:
                 draft_engine_dir=plan.engine_dir("draft") if trt and plan.cfg.draft is not None else plan.llmapi_draft_dir,
                 trtllm_version=plan.trtllm_version if trt or plan.cfg.engine is EngineKind.llmapi else None,
                 kv_cache_fractions=dict(plan.preflight.kv_fractions) if trt else None,
+                # compile-kernels' output, the deployment's own copy of its compiled GEMM kernels
+                **({"kernel_dir": plan.output_dir / "kernels"} if any(x.name == "compile-kernels" for x in plan.steps) else {}),
             )
         except BaseException as e:
             _remove(stage)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from trtspec.reference_engine import packed_linear
+from trtspec.reference_engine import compiled_linear, packed_linear
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -22,6 +23,7 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # (tests/test_engine_exactness.py checks it against the real engine). The CPU GEMM kernels (MKL for fp32,
 # oneDNN for bf16/fp16) choose their blocking by the number of rows, so the last bits differ; greedy tokens
 # stay identical (same test), as they do on TensorRT-LLM, whose kernels are not batch-invariant either.
+# On compiled kernels with BATCH_INVARIANT_ATTENTION a float32 engine is (ReferenceEngine.batch_invariant).
 BATCH_INVARIANT = {"float32": False, "bfloat16": False, "float16": False}
 
 # Whether bf16's greedy tokens stay the same in a batch as alone. Measured not (demo target, a request in a batch
@@ -41,8 +43,20 @@ CPU_THREADS_PER_ENGINE = 1
 #                 (packed_linear: 11-15% cheaper at 4-8 rows; the decoder's weights are held twice);
 #   "onednn":     every product on oneDNN: a row's product is bitwise the same for any row count, but a decode
 #                 step is 18% slower (AVX2 Zen 3, docs/benchmarks/engine.md);
-#   "mkl":        nn.Linear (MKL) with column-major weights, the engine before packing.
+#   "mkl":        nn.Linear (MKL) with column-major weights, the engine before packing;
+#   "compiled":   every product, LM head included, on GEMM kernels Inductor's CPP template generated for this
+#                 CPU ahead of time (compiled_linear: 5-26% cheaper at 1-16 rows, 10% dearer at 64; a row's
+#                 product bitwise the same at any row count; the weights held once). Where the kernels are
+#                 missing or stale the engine says so and uses "mkl+onednn".
 LINEAR_KERNELS = os.environ.get("TRTSPEC_LINEAR_KERNELS", "mkl+onednn")
+KERNEL_CHOICES = ("mkl+onednn", "onednn", "mkl", "compiled")
+
+# On compiled kernels, whether a verify's query rows attend one at a time (ragged.RaggedBatch.row_invariant), the
+# one step left whose sums depend on the row count: then a position's logits are bitwise the same in a decode, a
+# verify and a batch (ReferenceEngine.batch_invariant), for ~10% more per verify (AVX2 Zen 3, demo target: verify
+# of 4 drafts 1.22x a step in one call, 1.42x row by row; docs/benchmarks/engine.md). Greedy tokens are the same
+# either way (tests/test_engine_exactness.py), so the faster one is the default.
+BATCH_INVARIANT_ATTENTION = os.environ.get("TRTSPEC_BATCH_INVARIANT", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -101,7 +115,8 @@ def choose_precision(requested: str, device: str, flags: frozenset[str] | None =
     return Precision(requested, "as configured", warning)
 
 
-def tune_for_cpu(model: torch.nn.Module) -> None:
+def tune_for_cpu(model: torch.nn.Module, linear_kernels: str = "auto", kernel_dir: str | Path | None = None,
+                 label: str = "") -> dict | None:
     """Make verifying k + 1 tokens on CPU cheaper (demo target, 1 thread, interleaved runs: a verify of
     4 draft tokens went from 1.76x to 1.53x a 1-token step at 200 tokens of context, 1.94x to 1.63x at
     1,024; the 1-token step itself unchanged).
@@ -113,18 +128,37 @@ def tune_for_cpu(model: torch.nn.Module) -> None:
       kernels then read them as they are instead of packing them for every call with more than one
       row. With 2 threads it slowed the 1-token step (by 16%), so it is left out there.
     * with one torch thread, float32 decoder Linear layers packed once by oneDNN for verify and batch
-      products (LINEAR_KERNELS, packed_linear); measured with one thread only.
+      products, or on compiled kernels from `kernel_dir` (`linear_kernels`, auto: LINEAR_KERNELS;
+      packed_linear, compiled_linear); measured with one thread only.
+
+    Returns the compiled kernels in use (the LM head takes one too: engine.lm_head_product), or None.
     """
     os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+    choice = LINEAR_KERNELS if linear_kernels == "auto" else linear_kernels
     if torch.get_num_threads() != 1:
-        return
-    if LINEAR_KERNELS not in ("mkl", "mkl+onednn", "onednn"):
-        raise ValueError(f"TRTSPEC_LINEAR_KERNELS={LINEAR_KERNELS!r}: write mkl+onednn (the default), onednn or mkl")
-    if LINEAR_KERNELS != "mkl" and packed_linear.available():
-        packed_linear.pack_linears(model, gemv=LINEAR_KERNELS == "mkl+onednn")
+        if choice == "compiled":
+            print(f"trtspec reference engine: {label}compiled GEMM kernels not used ({torch.get_num_threads()} torch "
+                  "threads; they are generated for one, the served setting)", file=sys.stderr, flush=True)
+        return None
+    if choice not in KERNEL_CHOICES:
+        where = f"TRTSPEC_LINEAR_KERNELS={choice!r}" if linear_kernels == "auto" else f"linear_kernels: {choice!r}"
+        raise ValueError(f"{where}: write one of {', '.join(KERNEL_CHOICES)} (mkl+onednn is the default)")
+    kernels = None
+    if choice == "compiled":
+        kernel_dir = kernel_dir if kernel_dir is not None else compiled_linear.cache_dir()
+        kernels, why = compiled_linear.usable_kernels(model, kernel_dir)
+        if kernels is None:
+            print(f"trtspec reference engine: {label}compiled GEMM kernels not used ({why}): mkl+onednn instead", file=sys.stderr, flush=True)
+            choice = "mkl+onednn"
+        else:
+            n = compiled_linear.replace_linears(model, kernels)
+            print(f"trtspec reference engine: {label}{n} Linear layers on compiled GEMM kernels from {kernel_dir}", file=sys.stderr, flush=True)
+    if choice in ("mkl+onednn", "onednn") and packed_linear.available():
+        packed_linear.pack_linears(model, gemv=choice == "mkl+onednn")
     for m in model.modules():
         if isinstance(m, torch.nn.Linear) and m.weight.is_contiguous():
             m.weight.data = m.weight.data.t().contiguous().t()
+    return kernels
 
 
 def pick_device(device: str) -> str:
@@ -141,3 +175,28 @@ def describe_precision(requested: str, device: str = "auto") -> str:
         f"not batch-invariant: a position's logits can differ in the last bits between a decode, a verify and a batch ({tokens})"
     )
     return f"{p.dtype} ({p.reason}); {invariant}" + (f"; warning: {p.warning}" if p.warning else "")
+
+
+def describe_linear_kernels(requested: str, checkpoint: str | Path, kernel_dir: str | Path) -> str:
+    """One line for `trtspec doctor`: the weight-product kernels a float32 engine serving at one thread would use
+    (tune_for_cpu), why, and for compiled kernels whether the deployment's `kernel_dir` has them."""
+    choice = LINEAR_KERNELS if requested == "auto" else requested
+    why = "linear_kernels: auto, the engine's default" + (" (TRTSPEC_LINEAR_KERNELS)" if "TRTSPEC_LINEAR_KERNELS" in os.environ else "") \
+        if requested == "auto" else "as configured"
+    if choice != "compiled":
+        return f"{choice} ({why}; float32 at one torch thread per engine)"
+    try:
+        shapes = compiled_linear.checkpoint_shapes(checkpoint)
+    except (OSError, ValueError) as e:
+        return f"compiled ({why}); the checkpoint's shapes are unknown ({e})"
+    have = compiled_linear.load_manifest(Path(kernel_dir)) or {}
+    lacking = [f"{o}x{i}" for o, i in shapes if (o, i) not in have]
+    cached = compiled_linear.load_manifest(compiled_linear.cache_dir()) or {}
+    if not lacking:
+        invariant = ("batch-invariant (TRTSPEC_BATCH_INVARIANT=1): a position's logits bitwise the same in a decode, "
+                     "a verify and a batch") if BATCH_INVARIANT_ATTENTION else \
+            "products batch-invariant, attention not (TRTSPEC_BATCH_INVARIANT=1 makes it so, ~10% more per verify)"
+        return f"compiled ({why}): all {len(shapes)} kernels in {kernel_dir}; {invariant}"
+    reuse = sum((o, i) in cached for o, i in shapes)
+    return (f"compiled ({why}): {kernel_dir} lacks {', '.join(lacking)}; `trtspec build` compiles them "
+            f"({reuse} of {len(shapes)} already in the kernel cache); until then the engine uses mkl+onednn")

@@ -14,10 +14,12 @@ import numpy as np
 import torch
 
 from trtspec.ragged import ATTENTION, RaggedBatch, Segment, register as register_attention
+from trtspec.reference_engine import device as device_settings
 from trtspec.reference_engine.device import _DTYPES, choose_precision, pick_device, tune_for_cpu
 from trtspec.reference_engine.draft_vocab import draft_head, load_draft_vocab
 from trtspec.reference_engine.eagle3 import InEngineDrafter
 from trtspec.reference_engine.kv_cache import new_cache
+from trtspec.reference_engine.compiled_linear import CompiledLinear
 from trtspec.reference_engine.packed_linear import PackedLinear
 from trtspec.reference_engine.prefix_cache import PrefixCache, cache_nbytes
 from trtspec.reference_engine.request import EngineRequest, EngineResult, Steps
@@ -32,7 +34,7 @@ from trtspec.speculative import (
 )
 
 
-def lm_head_product(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+def lm_head_product(model: torch.nn.Module, kernels: dict | None = None) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """hidden rows [n, hidden] -> logits [n, vocab] for all of a step's rows at once, where the LM head is a plain
     linear map (no bias, softcapping or logit scaling); None: the model's own head does it.
 
@@ -43,7 +45,10 @@ def lm_head_product(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Te
       PackedLinear keeps the 1-row product on this weight and gives 2+ rows oneDNN's packed copy (11.8 ms at
       5 rows; +113 MB for the demo target);
     * row-major (as loaded, more threads): head @ hidden^T, which MKL streams once for all the rows (the usual
-      hidden @ head^T packs the whole head for every multi-row call)."""
+      hidden @ head^T packs the whole head for every multi-row call);
+    * with compiled kernels (device.LINEAR_KERNELS "compiled"): the head's own compiled kernel at every row
+      count (+113 MB, its blocked copy; a 1-row product ~1 ms dearer than MKL's, 2+ rows cheaper than
+      oneDNN's, and a row's logits bitwise the same at any row count)."""
     head = model.get_output_embeddings()
     config = model.config
     plain = isinstance(head, torch.nn.Linear) and head.bias is None and not any(
@@ -52,6 +57,9 @@ def lm_head_product(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Te
     if not plain:
         return None
     w = head.weight.detach()
+    kernel = (kernels or {}).get((head.out_features, head.in_features))
+    if kernel is not None and w.dtype == torch.float32 and w.device.type == "cpu":
+        return CompiledLinear(head, kernel)
     if w.is_contiguous():
         return lambda h: torch.mm(w, h.t()).t()
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
@@ -72,6 +80,8 @@ class ReferenceEngine:
         salt: int = 0,
         use_draft_vocab: bool = False,
         eagle3_head: str | Path | None = None,
+        linear_kernels: str = "auto",
+        kernel_dir: str | Path | None = None,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -84,8 +94,10 @@ class ReferenceEngine:
         self.model.eval()
         register_attention()
         self.model.set_attn_implementation(ATTENTION)
-        if self.device == "cpu":
-            tune_for_cpu(self.model)
+        kernels = tune_for_cpu(self.model, linear_kernels, kernel_dir, label=f"{checkpoint}: ") if self.device == "cpu" else None
+        # On compiled kernels every product is batch-invariant (compiled_linear); with attention one query row at
+        # a time (RaggedBatch.row_invariant) a position's logits are bitwise the same in a decode, a verify and a batch.
+        self.batch_invariant = kernels is not None and device_settings.BATCH_INVARIANT_ATTENTION
         self.vocab_size = int(self.model.config.vocab_size)
         # With a draft vocabulary the head scores only those ids; every other logit is -inf, so greedy and
         # sampled proposals and the draft logits returned for rejection sampling all stay within it.
@@ -97,7 +109,7 @@ class ReferenceEngine:
             except ValueError as e:
                 raise ValueError(f"{checkpoint}: {e}") from None
             self.draft_vocab = torch.tensor(ids, dtype=torch.long, device=self.device)
-        self._head = lm_head_product(self.model) if self.device == "cpu" and self.draft_vocab is None else None
+        self._head = lm_head_product(self.model, kernels) if self.device == "cpu" and self.draft_vocab is None else None
         # An EAGLE-3 head drafting in this engine: a request's next_draft_len asks it for the next call's draft.
         self.eagle3 = InEngineDrafter(eagle3_head, self.model, cache_entries) if eagle3_head else None
         if cache_bytes is None and cache_tokens:  # a budget in tokens: this model's KV bytes per token decide
@@ -129,7 +141,7 @@ class ReferenceEngine:
         """One forward pass over all segments; sets each one's logits (raw, float32) and extends its cache.
         Only the wanted rows go through the LM head: with a 49k vocabulary the head over a whole prompt
         would cost as much as the prefill itself."""
-        batch = RaggedBatch(segments)
+        batch = RaggedBatch(segments, row_invariant=self.batch_invariant)
         ids, pos, rows = batch.inputs(self.device)
         with torch.inference_mode():
             if self.draft_vocab is None and self._head is not None:

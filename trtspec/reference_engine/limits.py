@@ -20,6 +20,11 @@ try:
 except ImportError:  # an earlier trtspec (scripts/bench_engine_before_after.py measures one with this module)
     class PackedLinear:  # type: ignore[no-redef]
         pass
+try:
+    from trtspec.reference_engine.compiled_linear import CompiledLinear
+except ImportError:  # as above
+    class CompiledLinear:  # type: ignore[no-redef]
+        pass
 
 # The issue's targets (issue 27): ratios within one run.
 TARGET_STEP_OVER_LIMIT = 1.5
@@ -73,7 +78,7 @@ def _products(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Every weight product of a decode step, once (a tied LM head is the embedding matrix: counted once)."""
     seen, out = set(), []
     for m in model.modules():
-        key = id(m.weight) if isinstance(m, torch.nn.Linear) else id(m) if isinstance(m, PackedLinear) else None
+        key = id(m.weight) if isinstance(m, torch.nn.Linear) else id(m) if isinstance(m, (PackedLinear, CompiledLinear)) else None
         if key is not None and key not in seen:
             seen.add(key)
             out.append(m)
@@ -81,7 +86,7 @@ def _products(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def _nbytes(m: torch.nn.Module) -> int:
-    return m.nbytes if isinstance(m, PackedLinear) else m.weight.nbytes
+    return m.nbytes if isinstance(m, (PackedLinear, CompiledLinear)) else m.weight.nbytes
 
 
 def streaming_gemv_ms(model: torch.nn.Module, reps: int) -> tuple[int, float]:

@@ -43,6 +43,8 @@ class TritonPythonModel:
             salt=sum(args["model_name"].encode()),
             use_draft_vocab=params.get("use_draft_vocab", "false").lower() == "true",
             eagle3_head=params.get("eagle3_head") or None,
+            linear_kernels=params.get("linear_kernels", "auto"),
+            kernel_dir=params.get("kernel_dir") or None,
         )
         self.gauges = EngineGauges(pb_utils, args["model_name"])
         self.scheduler = BatchScheduler(
