@@ -169,8 +169,8 @@ def tool_of(argv: list[str]) -> tuple[str, list[str]]:
             return "quantize.py", argv[i + 1 :]
         if a.endswith("trtllm-build"):
             return "trtllm-build", argv[i + 1 :]
-        if a == "trtspec.pipeline.convert":
-            return "trtspec.pipeline.convert", argv[i + 1 :]
+        if a in ("trtspec.pipeline.convert", "trtspec.reference_engine.compiled_linear"):
+            return a, argv[i + 1 :]
     raise AssertionError(f"unknown tool in {argv}")
 
 
@@ -208,9 +208,15 @@ def argvs(plan) -> dict[str, list[str]]:
 
 def test_demo_reference_plan_is_preflight_then_repository(tmp_path: Path, models) -> None:
     plan = plan_for(tmp_path, "demo.yaml", {"target": models["smol"], "draft": models["smol-draft"]}, None)
-    assert [s.name for s in plan.steps] == ["preflight", "repository"]
-    assert all(s.argv == [] and s.kind == "in-process" for s in plan.steps)
+    # the demo's float32 engines run on GEMM kernels compiled for this CPU (linear_kernels: compiled)
+    assert [s.name for s in plan.steps] == ["preflight", "compile-kernels", "repository"]
+    assert all(s.argv == [] and s.kind == "in-process" for s in plan.steps if s.name != "compile-kernels")
+    assert plan.step("compile-kernels").outputs == [tmp_path / "out" / "kernels"]
     assert plan.step("repository").outputs == [tmp_path / "out" / "model_repository"]
+    assert plan.step("repository").depends_on == ["compile-kernels"]
+    plan = plan_for(tmp_path, "demo.yaml", {"target": models["smol"], "draft": models["smol-draft"]}, None,
+                    target__linear_kernels="auto", draft__linear_kernels="auto")
+    assert [s.name for s in plan.steps] == ["preflight", "repository"]
     assert plan.step("repository").depends_on == ["preflight"]
     assert plan.preflight.ok, plan.preflight.findings
 
@@ -394,6 +400,9 @@ def test_every_flag_exists_in_the_real_parsers_with_a_valid_value(tmp_path: Path
             if tool == "trtspec.pipeline.convert":
                 trtspec_convert_args(args)
                 continue
+            if tool == "trtspec.reference_engine.compiled_linear":  # OUT_DIR CHECKPOINT [CHECKPOINT ...]
+                assert Path(args[0]) == plan.output_dir / "kernels" and args[1:] and all(Path(c).is_dir() for c in args[1:])
+                continue
             ns = check_argv(FLAG_SETS[tool], args)
             if tool == "trtllm-build":
                 assert ns.use_paged_context_fmha == "enable" and ns.context_fmha == "enable"
@@ -408,7 +417,7 @@ def test_every_flag_exists_in_the_real_parsers_with_a_valid_value(tmp_path: Path
                     assert ns.speculative_decoding_mode is None and ns.max_draft_len is None
             if tool == "quantize.py":
                 assert ns.qformat == "fp8" and ns.kv_cache_dtype == "fp8"  # FP8 KV only with FP8 weights
-    assert seen == {"trtllm-build", "convert_checkpoint.py", "quantize.py"}
+    assert seen == {"trtllm-build", "convert_checkpoint.py", "quantize.py", "trtspec.reference_engine.compiled_linear"}
 
 
 def test_engines_share_limits(tmp_path: Path, models) -> None:

@@ -54,14 +54,10 @@ def prepare_checkpoints(cfg: BuildConfig, say: Callable[[str], None]) -> None:
         from trtspec.demo_pair import prepare_demo_pair
 
         prepare_demo_pair(progress=say)
-    roles = [r for r in ("target", "draft") if getattr(cfg, r) is not None and getattr(cfg, r).linear_kernels == "compiled"]
-    if cfg.engine is EngineKind.reference and roles:
+    if any(m is not None and m.linear_kernels == "compiled" for m in (cfg.target, cfg.draft)):  # torch only then
         from trtspec.reference_engine import compiled_linear
-        from trtspec.reference_engine.device import choose_precision, pick_device
 
-        # float32 only: a CPU where dtype auto picks bf16 would not use them
-        roles = [r for r in roles if choose_precision(getattr(cfg, r).dtype, pick_device(cfg.device)).dtype == "float32"]
-
+        roles = compiled_linear.roles_to_compile(cfg)
         shapes = sorted({s for r in roles for s in compiled_linear.checkpoint_shapes(checkpoint_path(cfg, r))})
         compiled_linear.compile_kernels(shapes, compiled_linear.cache_dir(), say)
 

@@ -476,9 +476,12 @@ def make_plan(
                 role="draft",
             )
         )
-    compiled = [r for r in checkpoints if cfg.engine is EngineKind.reference and getattr(cfg, r).linear_kernels == "compiled"]
+    compiled = []
+    if any(m is not None and m.linear_kernels == "compiled" for m in (cfg.target, cfg.draft)):  # torch only then
+        from trtspec.reference_engine.compiled_linear import environment_key, roles_to_compile
+
+        compiled = [r for r in roles_to_compile(cfg) if r in checkpoints]
     if compiled:
-        from trtspec.reference_engine.compiled_linear import environment_key
 
         steps.append(
             Step(
