@@ -22,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,15 +118,16 @@ def _compile_one(out_features: int, in_features: int, workdir: Path) -> Kernel:
     lin = torch.nn.Linear(in_features, out_features, bias=False).eval()
     example = torch.randn(4, in_features)
     rows = torch.export.Dim("rows", min=1)
-    with torch.no_grad():
-        program = torch.export.export(lin, (example,), dynamic_shapes=({0: rows},))
     package = workdir / f"linear_{out_features}x{in_features}.pt2"
-    torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs={
-        "max_autotune": True,
-        "max_autotune_gemm_backends": "CPP",  # the template or nothing: no silent fallback to ATen's mm
-        "freezing": True,
-        "aot_inductor.package_constants_in_so": False,  # the weights come from each layer at load
-    })
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations inside export: nothing to act on
+        program = torch.export.export(lin, (example,), dynamic_shapes=({0: rows},))
+        torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs={
+            "max_autotune": True,
+            "max_autotune_gemm_backends": "CPP",  # the template or nothing: no silent fallback to ATen's mm
+            "freezing": True,
+            "aot_inductor.package_constants_in_so": False,  # the weights come from each layer at load
+        })
     library = workdir / f"linear_{out_features}x{in_features}.so"
     with zipfile.ZipFile(package) as z:
         names = z.namelist()
