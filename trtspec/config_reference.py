@@ -46,7 +46,9 @@ def _constraints(metadata: list[Any]) -> list[str]:
         for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
             v = getattr(m, attr, None)
             if v is not None and isinstance(m, (annotated_types.Ge, annotated_types.Gt, annotated_types.Le, annotated_types.Lt, annotated_types.Interval)):
-                out.append(f"{sym} {v}")
+                # 0 and 0.0 alike: typing caches Annotated[float, Field(ge=0)] and [..., ge=0.0] as one (their
+                # limits compare equal), so which spelling a field shows depends on what was imported first
+                out.append(f"{sym} {v:g}" if isinstance(v, (int, float)) else f"{sym} {v}")
         pattern = getattr(m, "pattern", None)
         if pattern:
             out.append(f"matches `{pattern}`")

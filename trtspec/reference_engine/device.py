@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import typing
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from trtspec.config import LinearKernels
 from trtspec.reference_engine import compiled_linear, packed_linear
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -49,7 +51,7 @@ CPU_THREADS_PER_ENGINE = 1
 #                 product bitwise the same at any row count; the weights held once). Where the kernels are
 #                 missing or stale the engine says so and uses "mkl+onednn".
 LINEAR_KERNELS = os.environ.get("TRTSPEC_LINEAR_KERNELS", "mkl+onednn")
-KERNEL_CHOICES = ("mkl+onednn", "onednn", "mkl", "compiled")
+KERNEL_CHOICES = tuple(k for k in typing.get_args(LinearKernels) if k != "auto")  # one list: the config's
 
 # On compiled kernels, whether a verify's query rows attend one at a time (ragged.RaggedBatch.row_invariant), the
 # one step left whose sums depend on the row count: then a position's logits are bitwise the same in a decode, a
