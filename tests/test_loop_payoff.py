@@ -71,13 +71,15 @@ def test_controller_steps_aside_from_the_untrained_draft(demo_pair, demo_untrain
 
 
 def test_controller_drafts_where_prompt_lookup_is_accepted(tiny):
-    # the tiny random model soon repeats itself, so prompt lookup finds what it generates next, at no engine step
+    # the tiny random model soon repeats itself, so prompt lookup finds what it generates next, at no engine step.
+    # Streamed: the alternative to a draft is a one-token call (not streamed it is a run of up to 16 tokens in one
+    # call, which on a model this small costs less per token than any verify: the controller rightly takes runs)
     base = SpeculativeLoop(loop_settings(draft_disabled=True), Counted(tiny))
     settings = loop_settings(draft_length_policy="adaptive", draft_source="ngram", num_draft_tokens=4)
     spec = SpeculativeLoop(settings.model_copy(update={"draft_model": None}), Counted(tiny), estimates=Estimates())
     prompt = [0, 3, 4, 5, 3, 4]
     want, _ = _run(base, prompt=prompt, max_tokens=150)
-    got, stats = _run(spec, prompt=prompt, max_tokens=150)
+    got, stats = _run(spec, prompt=prompt, max_tokens=150, stream=True)
     assert got == want
     assert stats.acceptance_rate > 0.8
     assert sum(stats.draft_len_counts[2:]) > stats.num_iterations / 2  # it drafts, and more than one token
