@@ -41,11 +41,9 @@ def bench_engine(server, prompts, args) -> None:
     import tritonclient.http as th
     from transformers import AutoTokenizer
 
-    from trtspec.demo_pair import prepare_demo_pair
+    from trtspec.config import checkpoint_path
 
-    cfg = load_config(args.config)
-    target = cfg.target.checkpoint
-    tok = AutoTokenizer.from_pretrained(str(prepare_demo_pair().target) if target.startswith("demo:") else target)
+    tok = AutoTokenizer.from_pretrained(str(checkpoint_path(load_config(args.config), "target")))
     client = th.InferenceServerClient(server.endpoints.http_address)
     seconds = {"one request": 0.0, "a request per token": 0.0}
     tokens = 0

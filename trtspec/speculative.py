@@ -177,8 +177,8 @@ def plain_run(stretch: int | None, remaining: int) -> int:
     """Tokens to ask of the `stretch`-th plain call in a row (1, 2, ...) of a request that is not streamed: doubling
     from 1, so a request that steps aside from drafting can take it up again within about as many tokens as it has
     stepped aside for; None: a request that cannot draft (whole runs from its first call)."""
-    run = PLAIN_RUN_MAX if stretch is None else 1 << min(max(stretch, 1) - 1, PLAIN_RUN_MAX.bit_length())
-    return max(1, min(run, PLAIN_RUN_MAX, remaining))
+    run = PLAIN_RUN_MAX if stretch is None else min(1 << (max(stretch, 1) - 1), PLAIN_RUN_MAX)
+    return max(1, min(run, remaining))
 
 
 # ---------------------------------------------------------------- the goodput controller (policy `adaptive`)

@@ -482,7 +482,6 @@ def make_plan(
 
         compiled = [r for r in roles_to_compile(cfg) if r in checkpoints]
     if compiled:
-
         steps.append(
             Step(
                 name="compile-kernels",
