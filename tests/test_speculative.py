@@ -254,12 +254,15 @@ def test_controller_drafts_at_load_when_the_draft_rows_and_draft_model_are_cheap
 
 
 def test_controller_never_takes_draft_rows_at_a_load_where_they_were_not_measured_for_free():
-    ctl = _controller()
-    for _ in range(20):  # at 1 in flight: a plain step 40 ms, 4 ms per draft row
-        for k in (0, 3):
-            ctl.record(1, NGRAM if k else None, k, 0, 0.040 + 0.004 * k)
-        ctl.record(8, None, 0, 0, 0.150)  # at 8 only plain steps were measured
-    assert ctl.verify_cost(3, 8) == pytest.approx(0.150 + 3 * 0.004)  # a row's cost from load 1, not flat
+    for alone_row in (0.020, 0.004):
+        ctl = _controller()
+        for _ in range(20):  # at 1 in flight: a plain step 40 ms, alone_row per draft row
+            for k in (0, 3):
+                ctl.record(1, NGRAM if k else None, k, 0, 0.040 + alone_row * k)
+            ctl.record(8, None, 0, 0, 0.150)  # at 8 only plain steps were measured: 110 ms more for 7 more rows
+        assert ctl.verify_cost(3, 1) == pytest.approx(0.040 + 3 * alone_row)
+        # at 8 a row costs at least what one more request adds to the plain step (~16 ms), more if alone says so
+        assert ctl.verify_cost(3, 8) == pytest.approx(0.150 + 3 * max(alone_row, 0.110 / 7))
     fresh = _controller()
     fresh.record(1, None, 0, 0, 0.040)
     fresh.record(8, None, 0, 0, 0.110)  # draft rows measured nowhere: what a request's row adds to a plain step
@@ -343,6 +346,28 @@ def test_controller_does_not_probe_on_a_requests_first_call():
         ctl.record(1, None, 0, 0, 0.040)
     assert ctl.choose(1, {"model": 4}, missed=300, may_probe=False) == Choice(None, 0)
     assert ctl.choose(1, {"model": 4}, missed=2).probe
+
+
+def test_controller_probes_prompt_lookup_only_alone_where_a_probe_measures_its_rows():
+    # prompt lookup's acceptance comes from its proposals scored for free (observe), and its rows' cost from calls
+    # alone: at 16 in flight a probe (up to 4 rows in everyone's step) would learn nothing (measured on the demo
+    # at 16 in flight: 60 such probes in 978 iterations, 0.95x target-only)
+    ctl = _controller(probe_every=8)
+    for _ in range(20):
+        ctl.record(1, None, 0, 0, 0.040)
+        ctl.record(1, NGRAM, 4, 0, 0.060)
+        ctl.record(16, None, 0, 0, 0.200)
+    ctl.observe([(NGRAM, 4, 0)] * 20)  # lookups that did not match what the target produced
+    crowded = []
+    for _ in range(64):
+        crowded.append(ctl.choose(16, {NGRAM: 4}))
+        ctl.record(16, None, 0, 0, 0.200)
+    assert all(c.k == 0 for c in crowded)
+    alone = []
+    for _ in range(16):
+        alone.append(ctl.choose(1, {NGRAM: 4}))
+        ctl.record(1, None, 0, 0, 0.040)
+    assert any(c.probe for c in alone)
 
 
 def test_controller_asks_an_in_engine_drafter_for_a_draft_only_when_the_next_iteration_may_use_it():

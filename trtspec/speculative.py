@@ -267,7 +267,7 @@ class GoodputController:
     calls, timed by k and requests in flight. After `probe_every` of the deployment's iterations (any request's)
     without drafting from a source, it is tried once (a probe), so acceptance or load that changes brings drafting
     back; each probe of the draft model that does not bring it back doubles the deployment's interval, up to
-    8 * probe_every."""
+    8 * probe_every. Prompt lookup is probed alone only: its acceptance is learnt without drafting (`observe`)."""
 
     def __init__(self, estimates: Estimates, settings: Any):
         """`settings`: trtspec.config.AdaptivePolicy (probe_every, prior_drafts, request_weight, cost_smoothing,
@@ -355,22 +355,26 @@ class GoodputController:
                 out.append(means[k0] if n == ALONE else means[0] + (means[k0] - means[0]) * k / k0)
         return [out[0]] + [max(c, out[0]) for c in out[1:]]
 
-    def row_costs(self, kmax: int) -> list[float]:
-        """What k = 0..kmax draft rows add to a target step, from where that is observable. A request's own call time
-        shows it only when the request is alone in flight: with others in the step, its k = 0 and k > 0 calls wait
-        for the same steps, whose length the others' rows set too, so their difference reads rows as nearly free.
-        Measured alone: that curve. Else what one more request (a row) adds to a plain step between the lightest
-        and heaviest measured loads. Else nothing (flat: a probe measures it)."""
-        alone = self._verify_curve(ALONE, kmax)
-        if alone is not None:
-            return [c - alone[0] for c in alone]
+    def row_costs(self, kmax: int, load: int = ALONE) -> list[float]:
+        """What k = 0..kmax draft rows add to a target step at `load`, from where that is observable. A request's own
+        call time shows it only when the request is alone in flight: with others in the step, its k = 0 and k > 0
+        calls wait for the same steps, whose length the others' rows set too, so their difference reads rows as
+        nearly free. Alone, a call with drafts can cost a fixed amount more than a plain step and a few rows more
+        little; in a batch every row costs what one more request in flight adds to a plain step (measured on the
+        demo target, 1 thread: a draft row adds ~1 ms to a step alone, 10-15 ms at 4-8 in flight, as does one more
+        request). So: the curve measured alone, and away from alone at least that per-row growth of the plain step
+        between the lightest and heaviest measured loads; neither measured: nothing (flat: a probe measures it)."""
         means, counts = self.est.verify_s, self.est.verify_n
         plain = np.flatnonzero(counts[0])
         per_row = 0.0
         if plain.size >= 2:
             lo, hi = int(plain[0]), int(plain[-1])
             per_row = max(float(means[0, hi] - means[0, lo]) / (hi - lo), 0.0)
-        return [per_row * k for k in range(kmax + 1)]
+        alone = self._verify_curve(ALONE, kmax)
+        if alone is None:
+            return [per_row * k for k in range(kmax + 1)]
+        rows = [c - alone[0] for c in alone]
+        return rows if load_key(load) == ALONE else [max(r, per_row * k) for k, r in enumerate(rows)]
 
     def verify_costs(self, kmax: int, load: int) -> list[float] | None:
         """Seconds of a target call verifying k = 0..kmax drafts at `load` in flight: the plain step measured at the
@@ -380,7 +384,7 @@ class GoodputController:
         if col is None:
             return None
         seen = np.flatnonzero(counts[:, col])
-        rows = self.row_costs(max(kmax, int(seen[-1])))
+        rows = self.row_costs(max(kmax, int(seen[-1])), load)
         k0 = int(seen[0])
         base = max(float(means[k0, col]) - rows[k0], 0.0)
         out = [base + rows[k] for k in range(kmax + 1)]
@@ -479,6 +483,10 @@ class GoodputController:
         for source, cap in candidates.items():
             si = ESTIMATE_KEYS.index(source)
             interval = max(float(est.probe_interval[si]), every)
+            # prompt lookup's acceptance is learnt without drafting (observe), and what its rows cost is measured
+            # alone (row_costs): with others in flight a probe of it would learn nothing and lengthen their step
+            if not _needs_draft_model(source) and load_key(load) != ALONE:
+                continue
             if may_probe and source != best.source and cap > 0 and est.since[si] >= interval:
                 est.since[si] = 0
                 if _needs_draft_model(source):  # prompt lookup's probes cost a verify row, no engine step
