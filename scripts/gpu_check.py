@@ -118,8 +118,8 @@ def bench(root: Path, device: str, dtypes: str, out: Path, reps: int) -> int:
         sampler.add_pids([proc.pid])
         for line in proc.stdout:
             print(line, end="", flush=True)
-            if not line.startswith(" ") and " context per row" in line:
-                sampler.mark(line.split(",")[0])  # a dtype's figures start: a line in the plot
+            if line.startswith("trtspec reference engine: ") and " on " in line:  # a dtype's engine loads
+                sampler.mark(line.split(": ")[2].split(" (")[0])  # "float32 on cuda": a line in the plot
         rc = proc.wait()
     samples = sampler.stop()
     for w in sampler.warnings:

@@ -44,7 +44,7 @@ part() {  # part NAME TIMEOUT_S CMD...: runs CMD (a program: under timeout), rec
 }
 
 echo "gpu_check: device $DEVICE, dtypes $DTYPES${SMALL:+, small pair}; root $ROOT; out $OUT; $(date -u)"
-"$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
+"$PY" -c 'import sys, torch, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count(), "transformers", transformers.__version__, transformers.__file__)'
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem,power.draw --format=csv
 
 wheels() {
@@ -56,18 +56,18 @@ wheels() {
 part wheels 60 wheels
 [ -d "$ROOT/site" ] && export PYTHONPATH=$PYTHONPATH:$ROOT/site  # after the repo, before the image's packages
 
-part pair 90 "$PY" scripts/gpu_check.py make-pair "$ROOT" $SMALL
+part pair 75 "$PY" scripts/gpu_check.py make-pair "$ROOT" $SMALL
 if [ "$DEVICE" = cpu ]; then
   BENCH_DTYPES=float32; TEST_FILTER=(-k "not bfloat16")  # bf16 on this CPU: slow, and its xfail is strict
 else
   BENCH_DTYPES=auto,${DTYPES#float32,}; TEST_FILTER=()          # auto shows what the engine picks on a GPU (float32)
 fi
-part bench 120 "$PY" scripts/gpu_check.py bench "$ROOT" --device "$DEVICE" --dtypes "$BENCH_DTYPES" --out "$OUT"
-part exactness 150 env TRTSPEC_TEST_DEVICE="$DEVICE" TRTSPEC_TEST_PAIR="$ROOT/target:$ROOT/draft" \
+part bench 100 "$PY" scripts/gpu_check.py bench "$ROOT" --device "$DEVICE" --dtypes "$BENCH_DTYPES" --out "$OUT"
+part exactness 120 env TRTSPEC_TEST_DEVICE="$DEVICE" TRTSPEC_TEST_PAIR="$ROOT/target:$ROOT/draft" \
   "$PY" -m pytest -q -rfEsxX -p no:cacheprovider tests/test_engine_exactness.py tests/test_engine_precision.py \
   "${TEST_FILTER[@]}" --junitxml="$OUT/exactness.xml"
-part logits 90 "$PY" scripts/gpu_check.py logits "$ROOT" --device "$DEVICE" --dtypes "$([ "$DEVICE" = cpu ] && echo float32 || echo "$DTYPES")" --out "$OUT"
-part machine 90 "$PY" scripts/gpu_check.py machine "$ROOT" --device "$DEVICE" --out "$OUT"
+part logits 60 "$PY" scripts/gpu_check.py logits "$ROOT" --device "$DEVICE" --dtypes "$([ "$DEVICE" = cpu ] && echo float32 || echo "$DTYPES")" --out "$OUT"
+part machine 60 "$PY" scripts/gpu_check.py machine "$ROOT" --device "$DEVICE" --out "$OUT"
 
 echo; echo "==== summary ($(( $(date +%s) - T_START )) s in all; device $DEVICE)"
 FAILED=0
