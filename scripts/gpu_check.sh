@@ -26,8 +26,6 @@ PY=${PY:-python3}
 OUT=${OUT:-/tmp/trtspec-gpu-check/out}
 ROOT=${GPU_CHECK_ROOT:-/tmp/trtspec-gpu-check}
 mkdir -p "$OUT" "$ROOT"
-LOG=$OUT/gpu_check.log
-exec > >(tee "$LOG") 2>&1
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export TRTSPEC_CACHE=$ROOT/cache  # anything trtspec caches (kernels, demo pair) stays in /tmp
 T_START=$(date +%s)
@@ -43,6 +41,7 @@ part() {  # part NAME TIMEOUT_S CMD...: runs CMD (a program: under timeout), rec
   echo "==== $name: exit $rc in $(( $(date +%s) - t0 )) s$([ "$rc" = 124 ] && echo ' (timed out)')"
 }
 
+main() {
 echo "gpu_check: device $DEVICE, dtypes $DTYPES${SMALL:+, small pair}; root $ROOT; out $OUT; $(date -u)"
 "$PY" -c 'import sys, torch, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count(), "transformers", transformers.__version__, transformers.__file__)'
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem,power.draw --format=csv
@@ -80,4 +79,8 @@ for i in "${!NAMES[@]}"; do
 done
 echo "$JSON}}" > "$OUT/summary.json"
 echo "  files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
-exit $FAILED
+return $FAILED
+}
+
+main 2>&1 | tee "$OUT/gpu_check.log"
+exit "${PIPESTATUS[0]}"
