@@ -6,9 +6,15 @@ its bonus token is the decode's next token; a request stepped in a batch of 16 i
 alone (except bf16, measured not: device.BATCH_EXACT_BF16). Where device.BATCH_INVARIANT says a dtype is batch-invariant,
 or the engine is (ReferenceEngine.batch_invariant: on compiled kernels with TRTSPEC_LINEAR_KERNELS=compiled
 TRTSPEC_BATCH_INVARIANT=1), a
-position's logits are also asserted bitwise equal across decode, verify and batch."""
+position's logits are also asserted bitwise equal across decode, verify and batch.
 
+scripts/gpu_check.sh runs this file on a GPU: TRTSPEC_TEST_DEVICE=cuda (float16 too there; the batch test's
+bf16/fp16 expectation, measured on CPU, is not strict there) and TRTSPEC_TEST_PAIR=TARGET_DIR:DRAFT_DIR (another
+pair than the demo's, whose GGUF does not travel)."""
+
+import os
 from contextlib import nullcontext
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +24,8 @@ from trtspec.reference_engine import packed_linear
 from trtspec.reference_engine.compiled_linear import CompiledLinear
 from trtspec.reference_engine.device import BATCH_EXACT_BF16, BATCH_INVARIANT, CPU_THREADS_PER_ENGINE, LINEAR_KERNELS
 
-DTYPES = ["float32", "bfloat16"]
+DEVICE = os.environ.get("TRTSPEC_TEST_DEVICE", "cpu")
+DTYPES = ["float32", "bfloat16"] + ([] if DEVICE == "cpu" else ["float16"])
 PROMPT = [1, 9690, 314, 253, 7018, 11173, 28, 3781, 2]  # tokens of the demo vocabulary
 N_NEW = 12
 
@@ -37,14 +44,26 @@ def served_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module")
+def checkpoints(request):
+    """(target, draft) directories: TRTSPEC_TEST_PAIR's, else the demo pair's."""
+    given = os.environ.get("TRTSPEC_TEST_PAIR")
+    if given:
+        target, _, draft = given.partition(":")
+        return Path(target), Path(draft)
+    demo = request.getfixturevalue("demo_pair")
+    return demo.target, demo.draft
+
+
 @pytest.fixture(scope="module", params=DTYPES)
-def pair(request, demo_pair, served_threads):
+def pair(request, checkpoints, served_threads):
     served_threads(request.param)
-    with pytest.warns(UserWarning, match="without native bf16") if request.param == "bfloat16" and not _native_bf16() else nullcontext():
-        target = ReferenceEngine(demo_pair.target, device="cpu", dtype=request.param)
-    draft = ReferenceEngine(demo_pair.draft, device="cpu", dtype=request.param, salt=1)
+    slow_bf16 = request.param == "bfloat16" and DEVICE == "cpu" and not _native_bf16()
+    with pytest.warns(UserWarning, match="without native bf16") if slow_bf16 else nullcontext():
+        target = ReferenceEngine(checkpoints[0], device=DEVICE, dtype=request.param)
+    draft = ReferenceEngine(checkpoints[1], device=DEVICE, dtype=request.param, salt=1)
     assert next(target.model.parameters()).dtype == getattr(torch, request.param)  # an explicit dtype is honoured
-    if request.param == "float32" and LINEAR_KERNELS != "mkl" and packed_linear.available():  # the served kernels
+    if DEVICE == "cpu" and request.param == "float32" and LINEAR_KERNELS != "mkl" and packed_linear.available():  # the served kernels
         # TRTSPEC_LINEAR_KERNELS=compiled runs this file on compiled kernels (from the kernel cache)
         kind = CompiledLinear if LINEAR_KERNELS == "compiled" else packed_linear.PackedLinear
         assert any(isinstance(m, kind) for m in target.model.modules())
@@ -77,7 +96,7 @@ def _together(engine, reqs):
 def test_speculative_greedy_equals_target_only(pair):
     _, target, draft = pair
     expected = target.run(EngineRequest(list(PROMPT), output_len=N_NEW)).new_tokens
-    seq, k = list(PROMPT), 3
+    seq, k = list(PROMPT), 4
     while len(seq) - len(PROMPT) < N_NEW:
         proposal = draft.run(EngineRequest(list(seq), output_len=k)).new_tokens
         seq = target.run(EngineRequest(list(seq), output_len=1, draft_ids=proposal)).tokens
@@ -97,7 +116,9 @@ def test_verify_of_the_targets_own_tokens_accepts_all_and_matches_decode(pair):
 def test_a_request_in_a_batch_of_16_equals_itself_alone(pair, request):
     dtype, target, _ = pair
     if dtype == "bfloat16" and not BATCH_EXACT_BF16:  # strict: passing means dtype auto may pick bf16 again
-        request.applymarker(pytest.mark.xfail(strict=True, reason="bf16 greedy tokens change with the batch"))
+        request.applymarker(pytest.mark.xfail(strict=DEVICE == "cpu", reason="bf16 greedy tokens change with the batch"))
+    if dtype == "float16":  # offered on GPUs only: not measured yet
+        request.applymarker(pytest.mark.xfail(strict=False, reason="fp16 greedy tokens may change with the batch"))
     reqs = [EngineRequest(p, output_len=6, return_generation_logits=True) for p in _prompts(16)]
     reqs[3] = EngineRequest(reqs[3].input_ids, output_len=2, draft_ids=[28, 253, 314], return_generation_logits=True)
     solo = [target.run(r) for r in reqs]

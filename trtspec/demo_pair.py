@@ -359,12 +359,19 @@ def _build_draft(final: Path, target_dir: Path, progress: Progress) -> None:
             shutil.copy2(ASSET_DIR / ASSET_VOCAB, tmp / ASSET_VOCAB)
 
 
-def _build_untrained(final: Path, target_dir: Path, progress: Progress) -> None:
+def build_first_layers_draft(final: Path, target_dir: Path, progress: Progress | None = None, stamp: dict | None = None) -> Path:
+    """A draft of the target checkpoint's first DRAFT_LAYERS decoder layers as they are, with its embedding, final
+    norm and tied head (the demo's draft-untrained; scripts/gpu_check.py makes one of a random target)."""
     with _atomic_dir(final) as tmp:
-        progress("assembling the untrained 4-layer draft (target layers 0-3)")
+        (progress or (lambda _m: None))(f"assembling the untrained {DRAFT_LAYERS}-layer draft (target layers 0-{DRAFT_LAYERS - 1})")
         config, target_state = _load_target_state(target_dir)
         layers = {k: v for k, v in target_state.items() if k.startswith("model.layers.") and int(k.split(".")[2]) < DRAFT_LAYERS}
-        _save_draft(tmp, target_dir, config, _draft_state(target_state, layers), _untrained_stamp())
+        _save_draft(tmp, target_dir, config, _draft_state(target_state, layers), stamp or {"kind": "draft-untrained", "layers": DRAFT_LAYERS})
+    return final
+
+
+def _build_untrained(final: Path, target_dir: Path, progress: Progress) -> None:
+    build_first_layers_draft(final, target_dir, progress, _untrained_stamp())
 
 
 def _marker_payload() -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 _HELP = """Measure the reference engine's step against this machine's limit, for each dtype.
@@ -13,9 +15,15 @@ and batched steps of 4/8/16 one-token rows; and the ratios against issue 27's ta
 (step <= 1.5x the limit, verify of 4 <= 1.25x a step, 8 rows <= 2x a step). Medians.
 
 \b
+On a GPU (--device cuda, or auto where there is one) the clocks are read with the device
+synchronized, and the limit is the GPU's: a GEMV over all weights of one width stacked (one
+GEMV per matrix, also shown, measures kernel launches there).
+
+\b
 Examples:
   trtspec bench-engine                              # demo target, float32 and bfloat16, 1 thread
   trtspec bench-engine --dtypes auto --threads 2 --checkpoint PATH
+  trtspec bench-engine --device cuda --dtypes float32,bfloat16,float16 --json gpu.json
 """
 
 
@@ -26,20 +34,38 @@ Examples:
               "[default: 1 per engine, as the demo serves: reference_engine.device.CPU_THREADS_PER_ENGINE]")
 @click.option("--context", type=click.IntRange(1), default=64, show_default=True, help="Tokens of KV cache per row.")
 @click.option("--reps", type=click.IntRange(1), default=7, show_default=True, help="Timed repetitions per figure (median).")
-def command(checkpoint: str, dtypes: str, threads: int | None, context: int, reps: int) -> None:
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where the engine runs (auto: cuda where torch sees a GPU).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write every dtype's figures to this JSON file.")
+def command(checkpoint: str, dtypes: str, threads: int | None, context: int, reps: int, device: str, json_path: Path | None) -> None:
+    import dataclasses
+    import json
+
     import torch
 
     from trtspec.demo_pair import resolve_checkpoint
     from trtspec.reference_engine import ReferenceEngine
-    from trtspec.reference_engine.device import CPU_THREADS_PER_ENGINE
+    from trtspec.reference_engine.device import CPU_THREADS_PER_ENGINE, pick_device
     from trtspec.reference_engine.limits import measure, report
 
+    device = pick_device(device)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise click.UsageError("--device cuda: torch sees no CUDA GPU here; use --device cpu (or auto)")
     threads = CPU_THREADS_PER_ENGINE if threads is None else threads
     if threads:
         torch.set_num_threads(threads)  # before load: tune_for_cpu reads it
     path = resolve_checkpoint(checkpoint)
+    results = []
     for dtype in dtypes.split(","):
-        engine = ReferenceEngine(path, device="cpu", dtype=dtype.strip())
-        for line in report(measure(engine, context=context, reps=reps)):
+        engine = ReferenceEngine(path, device=device, dtype=dtype.strip())
+        limits = measure(engine, context=context, reps=reps)
+        for line in report(limits):
             click.echo(line)
+        results.append({"requested_dtype": dtype.strip(), **dataclasses.asdict(limits),
+                        "ratios": {name: {"measured": v, "target": t} for name, (v, t) in limits.ratios().items()}})
         del engine
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    if json_path is not None:
+        json_path.write_text(json.dumps({"checkpoint": str(path), "device": device, "results": results}, indent=1) + "\n")
