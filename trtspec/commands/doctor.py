@@ -75,7 +75,7 @@ def command(config: Path, gpus: str | None, output: Path | None) -> None:
         for role in ("target", "draft"):
             if getattr(cfg, role) is not None:
                 say(f"  {role} precision: {escape(describe_precision(getattr(cfg, role).dtype, cfg.device))}")
-                say(f"  {role} weight products: {escape(describe_linear_kernels(getattr(cfg, role).linear_kernels, checkpoint_path(cfg, role), out / 'kernels'))}")
+                say(f"  {role} weight products: {escape(describe_linear_kernels(getattr(cfg, role).linear_kernels, checkpoint_path(cfg, role), out / 'kernels', cfg.device))}")
 
     if cfg.engine is EngineKind.tensorrt_llm and pf.placement:
         say("[bold]Build plan[/]")

@@ -247,12 +247,12 @@ def replace_linears(model: torch.nn.Module, kernels: dict[tuple[int, int], Kerne
 
 def roles_to_compile(cfg) -> list[str]:  # noqa: ANN001 - trtspec.config.BuildConfig (imported lazily)
     """The roles ("target", "draft") of a build config whose engines will ask for compiled kernels: engine
-    reference, `linear_kernels: compiled`, and float32 as its dtype resolves on this machine (a CPU where auto
-    picks bf16 would not use them)."""
+    reference on the CPU (on a GPU torch's CUDA kernels run), `linear_kernels: compiled`, and float32 as its dtype
+    resolves on this machine (a CPU where auto picks bf16 would not use them)."""
     from trtspec.config import EngineKind
     from trtspec.reference_engine.device import choose_precision, pick_device
 
-    if cfg.engine is not EngineKind.reference:
+    if cfg.engine is not EngineKind.reference or pick_device(cfg.device) != "cpu":
         return []
     return [r for r in ("target", "draft") if (m := getattr(cfg, r)) is not None and m.linear_kernels == "compiled"
             and choose_precision(m.dtype, pick_device(cfg.device)).dtype == "float32"]

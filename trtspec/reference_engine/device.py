@@ -184,9 +184,11 @@ def describe_precision(requested: str, device: str = "auto") -> str:
     return f"{p.dtype} ({p.reason}); {invariant}" + (f"; warning: {p.warning}" if p.warning else "")
 
 
-def describe_linear_kernels(requested: str, checkpoint: str | Path, kernel_dir: str | Path) -> str:
+def describe_linear_kernels(requested: str, checkpoint: str | Path, kernel_dir: str | Path, device: str = "auto") -> str:
     """One line for `trtspec doctor`: the weight-product kernels a float32 engine serving at one thread would use
     (tune_for_cpu), why, and for compiled kernels whether the deployment's `kernel_dir` has them."""
+    if pick_device(device) != "cpu":
+        return f"torch's CUDA kernels (cuBLAS); linear_kernels ({requested}) chooses among CPU kernels only"
     choice = LINEAR_KERNELS if requested == "auto" else requested
     why = "linear_kernels: auto, the engine's default" + (" (TRTSPEC_LINEAR_KERNELS)" if "TRTSPEC_LINEAR_KERNELS" in os.environ else "") \
         if requested == "auto" else "as configured"
