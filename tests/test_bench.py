@@ -431,7 +431,9 @@ def test_help_teaches():
 
 # ---------------------------------------------------------------------------------------------- real Triton
 
-MAX_TOKENS = 8
+# 4 tokens: a k=2 verify still delivers up to 3 tokens in one response, and what the sweep checks is the accounting
+# (cells, rounds, warm-ups, statistics, counters), which does not grow with the length
+MAX_TOKENS = 4
 SWEEP = ["--concurrency", "1,2", "--draft-tokens", "0,2", "--k0-on-ensemble", "--fixed-k", "0,1", "--requests", "2",
          "--rounds", "2", "--warmup", "1", "--max-tokens", str(MAX_TOKENS), "--num-prompts", "2"]
 
@@ -546,7 +548,7 @@ def test_sweep_results_json(sweep):
         else:  # drafting off on the speculative endpoint
             assert acc["rate"] is None and acc["num_draft_tokens"] == 0 and acc["tokens_per_target_call"] == 1.0
 
-    # the trained demo draft is accepted now and then on chat prompts (3 of 20 draft tokens in a k=2 cell), and a
+    # the trained demo draft is accepted now and then on chat prompts, and a
     # step with accepted draft tokens delivers several tokens in one response
     drafting = [c for c in res["cells"] if c["speculative"]]
     assert sum(c["acceptance"]["num_accepted_tokens"] for c in drafting) > 0

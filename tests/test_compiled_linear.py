@@ -3,7 +3,7 @@ same products as nn.Linear, a row bitwise the same at any row count, the engine'
 missing, stale or half-written kernel directory falls back to the default kernels with a log line.
 
 The kernels compile into the machine's kernel cache (compiled_linear.cache_dir(), what `trtspec build` fills):
-one shape, ~10-15 s the first time on a 2-core machine, nothing after."""
+one shape, ~20 s the first time on a 2-core machine, nothing after."""
 
 import json
 
@@ -17,11 +17,16 @@ from trtspec.reference_engine.compiled_linear import CompiledLinear
 pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="torch built without oneDNN")
 
 
+# Every product of the tiny model is D x D: the decoder and the head share one kernel, which keeps the compile to one
+# shape; and D is the demo pair's hidden size, so that kernel is one of the demo's five (a suite that runs the demo
+# after this module compiles one shape fewer there).
+D = 576
+
+
 def _tiny_llama(path):
-    """Like conftest.make_tiny_llama, with every product 32 x 32 (4 KV heads, intermediate 32, 32 tokens): the
-    decoder and the head then share one kernel, which keeps the first compile short."""
+    """Like conftest.make_tiny_llama, with every product D x D (4 KV heads, intermediate D, D tokens)."""
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+    cfg = LlamaConfig(vocab_size=D, hidden_size=D, intermediate_size=D, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=4, max_position_embeddings=256, bos_token_id=0, eos_token_id=1, pad_token_id=1)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
@@ -40,9 +45,9 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, one_thread):
-    path = _tiny_llama(tmp_path_factory.mktemp("tiny-32"))
+    path = _tiny_llama(tmp_path_factory.mktemp("tiny"))
     model = LlamaForCausalLM.from_pretrained(path)
-    assert compiled_linear.linear_shapes(model) == [(32, 32)]
+    assert compiled_linear.linear_shapes(model) == [(D, D)]
     compiled_linear.compile_kernels(compiled_linear.linear_shapes(model), compiled_linear.cache_dir())
     return path
 
@@ -54,17 +59,17 @@ def kernels(monkeypatch):
 
 
 def test_compiled_linear_matches_linear_and_a_row_is_the_same_at_any_row_count(tiny):
-    kernel = compiled_linear.load_manifest(compiled_linear.cache_dir())[32, 32]
+    kernel = compiled_linear.load_manifest(compiled_linear.cache_dir())[D, D]
     torch.manual_seed(1)
-    lin = torch.nn.Linear(32, 32, bias=False)
+    lin = torch.nn.Linear(D, D, bias=False)
     compiled = CompiledLinear(lin, kernel)
-    x = torch.randn(1, 40, 32)
+    x = torch.randn(1, 40, D)
     with torch.inference_mode():
         full = compiled(x)
         torch.testing.assert_close(full, lin(x), rtol=1e-5, atol=1e-5)
         for rows in (1, 2, 5, 9, 17):
             assert torch.equal(compiled(x[:, :rows]), full[:, :rows])
-        assert compiled(x[:, :0]).shape == (1, 0, 32)  # no rows: no kernel call (its blocking divides by the row count)
+        assert compiled(x[:, :0]).shape == (1, 0, D)  # no rows: no kernel call (its blocking divides by the row count)
 
 
 def test_engine_on_compiled_kernels_keeps_greedy_tokens(tiny, kernels, capfd, monkeypatch):
@@ -130,7 +135,7 @@ def test_missing_stale_or_half_written_kernels_fall_back_with_a_log_line(tiny, k
             raise KeyboardInterrupt
         monkeypatch.setattr(compiled_linear, "_compile_one", fail)
         with pytest.raises(KeyboardInterrupt):
-            compiled_linear.compile_kernels([(32, 32)], directory)
+            compiled_linear.compile_kernels([(D, D)], directory)
         assert not (directory / compiled_linear.MANIFEST).exists()
     engine = ReferenceEngine(tiny, device="cpu", dtype="float32", kernel_dir=directory)
     err = capfd.readouterr().err
@@ -138,6 +143,15 @@ def test_missing_stale_or_half_written_kernels_fall_back_with_a_log_line(tiny, k
     assert "mkl+onednn instead" in err
     assert any(isinstance(m, packed_linear.PackedLinear) for m in engine.model.modules())
     assert not any(isinstance(m, CompiledLinear) for m in engine.model.modules())
+
+
+def test_a_kernel_that_fails_in_a_worker_process_names_its_shape_and_leaves_nothing_finished(tmp_path):
+    """Several missing shapes compile in worker processes; a worker's failure (here: shapes no Linear can have,
+    refused at once) is raised naming the shape, and leaves no manifest, library or work directory behind."""
+    directory = tmp_path / "kernels"
+    with pytest.raises(RuntimeError, match=r"compiling the -[12]x32 GEMM kernel failed: .*negative dimension"):
+        compiled_linear.compile_kernels([(-1, 32), (-2, 32)], directory, log=lambda m: None, workers=2)
+    assert list(directory.iterdir()) == []
 
 
 def test_build_compiles_the_kernels_into_the_deployment_and_the_repository_points_the_engine_at_them(tiny, tmp_path):
@@ -156,7 +170,7 @@ def test_build_compiles_the_kernels_into_the_deployment_and_the_repository_point
     assert step.argv[1:] == ["-m", "trtspec.reference_engine.compiled_linear", str(out / "kernels"), str(tiny)]
     assert "compile-kernels" in plan.step("repository").depends_on
     compiled_linear.build(out / "kernels", [tiny])  # what the step runs (cached kernels: no compile here)
-    assert set(compiled_linear.load_manifest(out / "kernels")) == {(32, 32)}
+    assert set(compiled_linear.load_manifest(out / "kernels")) == {(D, D)}
     repo = generate_repository(cfg, out / "model_repository", kernel_dir=out / "kernels")
     params = {k: v.string_value for k, v in list_models(repo)["tensorrt_llm"].parameters.items()}
     assert params["linear_kernels"] == "compiled" and params["kernel_dir"] == str((out / "kernels").resolve())
