@@ -16,7 +16,7 @@ class UserError(click.ClickException):
     """An expected failure with a message for the user (exit code 1, no traceback)."""
 
     def show(self, file: Any = None) -> None:  # noqa: ARG002 - click's signature
-        err_console.print(f"[bold red]error:[/] {self.message}", markup=True, highlight=False)
+        err_console.print(f"[bold red]error:[/] {self.message}", markup=True, highlight=False, soft_wrap=True)  # paths stay whole when copied
 
 
 def friendly_errors(*error_types: type[BaseException]) -> Callable:
