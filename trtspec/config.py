@@ -34,7 +34,7 @@ class EngineKind(str, Enum):
     llmapi = "llmapi"  # TensorRT-LLM's LLM API (PyTorch backend, no engine build) in trtspec's Triton model
 
 
-# auto: engine: reference only, which picks bf16 where the CPU computes it natively and fp32 elsewhere
+# auto: engine: reference only, which picks bf16 where the CPU computes it natively and exactly and fp32 elsewhere
 Dtype = Literal["auto", "float16", "bfloat16", "float32"]
 
 # The reference engine's weight-product kernels on CPU (float32, one torch thread per engine, as served):
@@ -53,7 +53,7 @@ class ModelConfig(_Strict):
     dtype: Dtype = Field(
         default="float16",
         description="weights and activations; auto (reference engine): bfloat16 where the CPU computes it natively "
-        "(AVX-512 BF16, AMX), float32 elsewhere; TensorRT-LLM builds in the given dtype",
+        "and its bf16 was measured batch-invariant (AMX), float32 elsewhere; TensorRT-LLM builds in the given dtype",
     )
     tp_size: Annotated[int, Field(ge=1, le=64, description="tensor-parallel GPUs (TensorRT-LLM)")] = 1
     pp_size: Annotated[int, Field(ge=1, le=64, description="pipeline-parallel stages (TensorRT-LLM)")] = 1

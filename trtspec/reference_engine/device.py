@@ -28,10 +28,18 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # On compiled kernels with BATCH_INVARIANT_ATTENTION a float32 engine is (ReferenceEngine.batch_invariant).
 BATCH_INVARIANT = {"float32": False, "bfloat16": False, "float16": False}
 
-# Whether bf16's greedy tokens stay the same in a batch as alone. Measured not (demo target, a request in a batch
-# of 16 diverged from itself alone after 2 tokens; AVX2 Zen 3, oneDNN), so auto keeps float32, the one precision
-# whose tokens the exactness tests hold, until a batch-invariant bf16 GEMM makes this True.
-BATCH_EXACT_BF16 = False
+# CPU flags of the machines where bf16 was measured batch-invariant: a position's logits bitwise the same in a
+# 1-token decode, a 5-row verify and a 16-row batch (scripts/gpu_check.py logits, at 1 and 2 threads) and greedy
+# tokens the same alone and in a batch of 16 (tests/test_engine_exactness.py): an Intel Xeon with AMX (oneDNN's
+# AMX kernels; torch 2.11, 2026-11-26, docs/benchmarks/engine.md). Elsewhere bf16 was measured not exact (AVX2
+# Zen 3: a request in a batch of 16 diverged from itself alone after 2 tokens) or is unmeasured (AVX-512 BF16
+# without AMX), and auto keeps float32 there.
+BF16_EXACT_FLAGS = ("amx_bf16",)
+
+
+def bf16_exact(flags: frozenset[str] | None = None) -> bool:
+    """Whether bf16's greedy tokens stay the same in a batch as alone on this CPU (BF16_EXACT_FLAGS)."""
+    return bool(set(BF16_EXACT_FLAGS) & (cpu_flags() if flags is None else flags))
 
 
 # torch threads per engine process when serving on CPU (trtspec.bench.local.engine_env sets it for the demo and
@@ -68,10 +76,11 @@ class Precision:
     dtype: str
     reason: str
     warning: str | None = None
+    exact_bf16: bool = False  # bf16 measured batch-invariant on this CPU (bf16_exact)
 
     @property
     def batch_invariant(self) -> bool:
-        return BATCH_INVARIANT[self.dtype]
+        return BATCH_INVARIANT[self.dtype] or (self.dtype == "bfloat16" and self.exact_bf16)
 
 
 def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
@@ -90,8 +99,8 @@ def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
 def choose_precision(requested: str, device: str, flags: frozenset[str] | None = None) -> Precision:
     """The dtype for `requested` (auto, float32, bfloat16, float16) on `device` ("cpu" or "cuda[:n]").
 
-    auto: on CPU bf16 where the CPU computes it natively, fp32 elsewhere; on CUDA fp32, the engine's exact
-    reference precision (write bfloat16/float16 for speed). An explicit dtype is honoured, with a warning
+    auto: on CPU bf16 where the CPU computes it natively and batch-invariantly (bf16_exact), fp32 elsewhere; on
+    CUDA fp32, the engine's exact reference precision (write bfloat16/float16 for speed). An explicit dtype is honoured, with a warning
     where the CPU has no native support for it."""
     if requested != "auto" and requested not in _DTYPES:
         raise ValueError(f"dtype: {requested!r} is not one of auto, {', '.join(_DTYPES)}")
@@ -100,10 +109,11 @@ def choose_precision(requested: str, device: str, flags: frozenset[str] | None =
             return Precision("float32", "auto on CUDA: float32, the reference engine's exact precision")
         return Precision(requested, "as configured")
     flags = cpu_flags() if flags is None else flags
-    native = sorted(set(NATIVE_BF16_FLAGS) & flags)
+    native, exact = sorted(set(NATIVE_BF16_FLAGS) & flags), bf16_exact(flags)
     if requested == "auto":
-        if native and BATCH_EXACT_BF16:
-            return Precision("bfloat16", f"auto: this CPU computes bf16 natively ({', '.join(native)})")
+        if native and exact:
+            return Precision("bfloat16", f"auto: this CPU computes bf16 natively ({', '.join(native)}) and its bf16 is "
+                             "batch-invariant", exact_bf16=True)
         if native:
             return Precision("float32", f"auto: this CPU computes bf16 natively ({', '.join(native)}), but bf16 greedy "
                              "tokens change with the batch (tests/test_engine_exactness.py): float32 keeps them exact; "
@@ -114,7 +124,7 @@ def choose_precision(requested: str, device: str, flags: frozenset[str] | None =
         warning = f"dtype bfloat16 on a CPU without native bf16 (none of {', '.join(NATIVE_BF16_FLAGS)}): slower than float32; use dtype: auto"
     elif requested == "float16" and "avx512_fp16" not in flags and "amx_fp16" not in flags:
         warning = "dtype float16 on a CPU without native fp16 (avx512_fp16, amx_fp16): slower than float32; use dtype: auto"
-    return Precision(requested, "as configured", warning)
+    return Precision(requested, "as configured", warning, exact_bf16=exact)
 
 
 def tune_for_cpu(model: torch.nn.Module, linear_kernels: str = "auto", kernel_dir: str | Path | None = None,
@@ -177,7 +187,7 @@ def pick_device(device: str) -> str:
 def describe_precision(requested: str, device: str = "auto") -> str:
     """One line for `trtspec doctor`: the dtype the engine would pick here, why, and whether it is batch-invariant."""
     p = choose_precision(requested, pick_device(device))
-    tokens = "greedy tokens can change with the batch" if p.dtype == "bfloat16" and not BATCH_EXACT_BF16 else "greedy tokens stay identical"
+    tokens = "greedy tokens can change with the batch" if p.dtype == "bfloat16" and not p.exact_bf16 else "greedy tokens stay identical"
     invariant = "batch-invariant" if p.batch_invariant else (
         f"not batch-invariant: a position's logits can differ in the last bits between a decode, a verify and a batch ({tokens})"
     )
