@@ -138,7 +138,12 @@ def test_every_draft_source_is_exact(server, baseline):
             return client.generate(prompts[job[1]], MAX_TOKENS, num_draft_tokens=3, draft_source=source,
                                    draft_length_policy=policy or None)
 
-        gens = dict(zip(jobs, pool.map(run, jobs)))
+        # the controller on grounded prompts alone: there prompt lookup pays by far (1.4x on the demo); at 8 in flight
+        # on 2 cores a lookup row costs about what one more request does, and whether it pays there is the machine's
+        alone = [j for j in jobs if j[0] == "hybrid-adaptive" and j[1] >= len(PROMPTS)]
+        together = [j for j in jobs if j not in alone]
+        gens = dict(zip(together, pool.map(run, together)))
+    gens.update((j, run(j)) for j in alone)
     for name in DRAFT_SOURCES:
         source, _, policy = name.partition("-")
         mine = {i: g for (n, i), g in gens.items() if n == name}
