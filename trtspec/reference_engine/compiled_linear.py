@@ -292,7 +292,7 @@ def roles_to_compile(cfg) -> list[str]:  # noqa: ANN001 - trtspec.config.BuildCo
     if cfg.engine is not EngineKind.reference or pick_device(cfg.device) != "cpu":
         return []
     return [r for r in ("target", "draft") if (m := getattr(cfg, r)) is not None and m.linear_kernels == "compiled"
-            and choose_precision(m.dtype, pick_device(cfg.device)).dtype == "float32"]
+            and choose_precision(m.dtype, "cpu").dtype == "float32"]
 
 
 def checkpoint_shapes(checkpoint: str | Path) -> list[tuple[int, int]]:

@@ -100,8 +100,8 @@ def choose_precision(requested: str, device: str, flags: frozenset[str] | None =
     """The dtype for `requested` (auto, float32, bfloat16, float16) on `device` ("cpu" or "cuda[:n]").
 
     auto: on CPU bf16 where the CPU computes it natively and batch-invariantly (bf16_exact), fp32 elsewhere; on
-    CUDA fp32, the engine's exact reference precision (write bfloat16/float16 for speed). An explicit dtype is honoured, with a warning
-    where the CPU has no native support for it."""
+    CUDA fp32, the engine's exact reference precision (write bfloat16/float16 for speed). An explicit dtype is
+    honoured, with a warning where the CPU has no native support for it."""
     if requested != "auto" and requested not in _DTYPES:
         raise ValueError(f"dtype: {requested!r} is not one of auto, {', '.join(_DTYPES)}")
     if not device.startswith("cpu"):
