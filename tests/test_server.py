@@ -32,7 +32,8 @@ from trtspec.server import (
     run_launch,
 )
 from trtspec.server.base import interesting_lines
-from trtspec.server.local import bundled_tritonserver_root, process_group_members, trtspec_import_root
+from trtspec.processes import process_group_members
+from trtspec.server.local import bundled_tritonserver_root, trtspec_import_root
 
 AUTO = dict(http_port="auto", grpc_port="auto", metrics_port="auto")
 

@@ -40,6 +40,11 @@ class EngineCallError(RuntimeError):
     pass
 
 
+#: in the error of an engine call whose model process died during the call (trtspec.triton.callees); the OpenAI
+#: API answers it, like Triton's "Stub process ... is not healthy", with a retryable 503
+PROCESS_DIED = "its model process died"
+
+
 LoopRequestError = RequestError
 
 

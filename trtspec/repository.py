@@ -40,6 +40,9 @@ ENSEMBLE, BASELINE = "ensemble", "baseline"  # the text endpoints (model_reposit
 # Where requests enter, each counted once: Triton clients send text to the text endpoints (which run the loop
 # in-process); the OpenAI API sends token ids to the loop models.
 ENTRY_MODELS = (ENSEMBLE, BASELINE, LOOP, BASELINE_LOOP)
+# After a model process dies (trtspec.server.watchdog): the engines are reloaded alone, as only the loop models call
+# them and a loop's call on a dead engine ends at once; the endpoints serve without the draft engine meanwhile.
+RELOADABLE_MODELS, OPTIONAL_MODELS = (TARGET, DRAFT), (DRAFT,)
 TEXT = "text"
 
 

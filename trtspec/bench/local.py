@@ -15,6 +15,7 @@ from trtspec.bench.runner import BenchError
 from trtspec.config import BuildConfig, EngineKind, checkpoint_path
 from trtspec.repository import generate_repository
 from trtspec.server import ServerOptions, TritonServer, create_server
+from trtspec.server.watchdog import watchable
 
 
 def server_pids(server: TritonServer) -> list[int]:
@@ -23,7 +24,7 @@ def server_pids(server: TritonServer) -> list[int]:
     if not pid:
         return []
     try:
-        from trtspec.server.local import process_group_members
+        from trtspec.processes import process_group_members
 
         members = process_group_members(pid)
     except Exception:  # noqa: BLE001 - best effort (not Linux, process gone)
@@ -99,7 +100,7 @@ def local_deployment(
             log_file=log_file or tmp / "triton.log",
             extra_env=engine_env(cfg),
         )
-        server = create_server(options)
+        server = create_server(watchable(options))  # a soak with faults reloads engines through model control
         step("starting Triton and loading the models")
         server.start()
         try:

@@ -179,7 +179,7 @@ class InjectedFault:
 
 class FaultInjector:
     """Every ``every_s`` seconds: SIGKILL one process of a random watched model, then wait for the watchdog's
-    restart (kills wait while one is in progress)."""
+    recovery (kills wait while one is in progress)."""
 
     def __init__(self, watchdog: Any, every_s: float, seed: int = 0) -> None:
         self.watchdog, self.every_s = watchdog, every_s
@@ -219,7 +219,7 @@ class FaultInjector:
             mine = self.watchdog.faults[seen:]
             if mine and fault.not_ready_s is None:
                 fault.not_ready_s = mine[0].detected_at - fault.killed_at
-            if mine and not self.watchdog.restarting:
+            if mine and not self.watchdog.recovering:
                 fault.error = mine[0].error
                 if mine[0].recovered_at is not None:
                     fault.recovery_s = mine[0].recovered_at - fault.killed_at
@@ -345,7 +345,7 @@ def run_soak(
         while not stop.is_set() and time.perf_counter() < deadline:
             if watchdog is not None:  # as a client told to retry later would: no requests into a restart
                 waited = time.perf_counter()
-                while watchdog.restarting and time.perf_counter() - waited < RECOVERY_BOUND_S:
+                while watchdog.unready and time.perf_counter() - waited < RECOVERY_BOUND_S:
                     time.sleep(0.1)
             with lock:
                 index = next(counter)
@@ -369,9 +369,9 @@ def run_soak(
     watchdog: Any = None
     injector: FaultInjector | None = None
     if soak.fault_every_s:
-        from trtspec.server.watchdog import ModelWatchdog
+        from trtspec.server.watchdog import deployment_watchdog
 
-        watchdog = ModelWatchdog(soak.server, give_up_s=RECOVERY_BOUND_S).start()
+        watchdog = deployment_watchdog(soak.server, give_up_s=RECOVERY_BOUND_S).start()
         injector = FaultInjector(watchdog, soak.fault_every_s, soak.seed).start()
     for t in threads:
         t.start()

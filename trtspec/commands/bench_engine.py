@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import click
+
+from trtspec.config import LinearKernels
 
 _HELP = """Measure the reference engine's step against this machine's limit, for each dtype.
 
@@ -23,6 +26,7 @@ GEMV per matrix, also shown, measures kernel launches there).
 Examples:
   trtspec bench-engine                              # demo target, float32 and bfloat16, 1 thread
   trtspec bench-engine --dtypes auto --threads 2 --checkpoint PATH
+  trtspec bench-engine --dtypes float32 --linear-kernels compiled   # as the demo serves
   trtspec bench-engine --device cuda --dtypes float32,bfloat16,float16 --json gpu.json
 """
 
@@ -34,11 +38,15 @@ Examples:
               "[default: 1 per engine, as the demo serves: reference_engine.device.CPU_THREADS_PER_ENGINE]")
 @click.option("--context", type=click.IntRange(1), default=64, show_default=True, help="Tokens of KV cache per row.")
 @click.option("--reps", type=click.IntRange(1), default=7, show_default=True, help="Timed repetitions per figure (median).")
+@click.option("--linear-kernels", type=click.Choice(typing.get_args(LinearKernels)), default="auto", show_default=True,
+              help="The weight products' kernels, as the config's linear_kernels (compiled: the demo's; compiled "
+                   "once per shape into the cache, then reused).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True,
               help="Where the engine runs (auto: cuda where torch sees a GPU).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write every dtype's figures to this JSON file.")
-def command(checkpoint: str, dtypes: str, threads: int | None, context: int, reps: int, device: str, json_path: Path | None) -> None:
+def command(checkpoint: str, dtypes: str, threads: int | None, context: int, reps: int, linear_kernels: str, device: str,
+            json_path: Path | None) -> None:
     import dataclasses
     import json
 
@@ -56,9 +64,13 @@ def command(checkpoint: str, dtypes: str, threads: int | None, context: int, rep
     if threads:
         torch.set_num_threads(threads)  # before load: tune_for_cpu reads it
     path = resolve_checkpoint(checkpoint)
+    if linear_kernels == "compiled" and device == "cpu":  # into the cache the engine loads from, where missing
+        from trtspec.reference_engine import compiled_linear
+
+        compiled_linear.compile_kernels(compiled_linear.checkpoint_shapes(path), compiled_linear.cache_dir(), click.echo)
     results = []
     for dtype in dtypes.split(","):
-        engine = ReferenceEngine(path, device=device, dtype=dtype.strip())
+        engine = ReferenceEngine(path, device=device, dtype=dtype.strip(), linear_kernels=linear_kernels)
         limits = measure(engine, context=context, reps=reps)
         for line in report(limits):
             click.echo(line)

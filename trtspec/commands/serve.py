@@ -23,9 +23,10 @@ from trtspec.server import (
     TrtllmTritonServer,
     create_server,
     read_repository,
+    trtllm_model_names,
 )
 from trtspec.server.health import DEFAULT_HEALTH_PORT, HealthServer, TritonHealth
-from trtspec.server.watchdog import ModelWatchdog
+from trtspec.server.watchdog import ModelWatchdog, deployment_watchdog, watchable
 
 _HELP = """Serve a Triton model repository (e.g. the one `trtspec build` wrote) over HTTP and gRPC.
 
@@ -236,6 +237,8 @@ def serve(
         kill_grace_s=kill_grace,
         ready_timeout_s=timeout,
     )
+    if not trtllm_model_names(repo):  # a local tritonserver, watched
+        options = watchable(options)
     try:
         server = create_server(options, world_size=world_size)
         if world_size != 1 and not isinstance(server, TrtllmTritonServer):
@@ -262,8 +265,8 @@ def serve(
             server.stop()
             raise UserError(escape(str(e))) from None
         if isinstance(server, LocalTritonServer):
-            watchdog = ModelWatchdog(server, give_up_s=recovery_timeout,
-                                     on_event=lambda m: err_console.print(f"[yellow]watchdog:[/] {escape(m)}"))
+            watchdog = deployment_watchdog(server, give_up_s=recovery_timeout,
+                                           on_event=lambda m: err_console.print(f"[yellow]watchdog:[/] {escape(m)}"))
             watchdog.start()
         try:
             health = HealthServer(watchdog or TritonHealth(server), host=options.bind_address or "0.0.0.0",

@@ -20,7 +20,7 @@ import numpy as np
 
 from trtspec.client import STAT_NAMES, Chunk, _stats, infer_input, log_probs, top_log_probs
 from trtspec.contract import REQUEST_FIELDS, RequestError, field_by_name
-from trtspec.loop import LoopSettings
+from trtspec.loop import PROCESS_DIED, LoopSettings
 from trtspec.openai.protocol import OpenAIError
 from trtspec.repository import BASELINE, BASELINE_LOOP, ENSEMBLE, LOOP, list_models
 from trtspec.text import TextCodec
@@ -203,8 +203,9 @@ class TritonStream:
         self._responses.cancel()
 
 
-#: Triton's Python backend, for a request to a model whose stub process died (python_be.cc)
-DEAD_STUB_RE = re.compile(r"Stub process '[^']*' is not healthy")
+#: Triton's Python backend, for a request to a model whose stub process died (python_be.cc), and the loop's, for an
+#: engine call in flight when it died
+DEAD_STUB_RE = re.compile(rf"Stub process '[^']*' is not healthy|{re.escape(PROCESS_DIED)}")
 #: what a client is told to wait before it retries a request that met a dead model process
 RETRY_AFTER_S = 5
 

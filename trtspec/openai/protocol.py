@@ -55,7 +55,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
           "malformed JSON and values of the wrong type)"},
     404: {"model": ErrorBody, "description": "the model is not served here (`code`: model_not_found)"},
     500: {"model": ErrorBody, "description": "the deployment failed while serving the request"},
-    503: {"model": ErrorBody, "description": "a model process of the deployment died and it is restarting "
+    503: {"model": ErrorBody, "description": "a model process of the deployment died and it is recovering "
           "(`code`: service_unavailable); retry after the `Retry-After` header's seconds",
           "headers": {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}},
 }

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import IO, Any, Literal, Mapping, Sequence
 
 from trtspec.cache import cache_root
+from trtspec.processes import process_group_members
 from trtspec.server.base import (
     BIND_ERROR_RE,
     Endpoints,
@@ -656,6 +657,33 @@ class LocalTritonServer(TritonServer):
         self._append_log = True
         _SPAWNER.submit(self.start).result()
 
+    @property
+    def can_reload(self) -> bool:
+        """Whether ``reload_model`` works: Triton's model-control API is on (``model_control_mode="explicit"``)."""
+        return self.options.model_control_mode == "explicit"
+
+    def reload_model(self, name: str, timeout: float = 300.0) -> None:
+        """Load ``name`` again through Triton's model-control API: new model processes, the others untouched.
+        Triton skips the load of a model whose files did not change since it loaded it, so the model's directories
+        are touched first. Returns once the model is loaded (ServerError if the load failed)."""
+        import urllib.error
+        import urllib.request
+
+        if not self.can_reload:
+            raise ServerError(f"cannot reload {name}: tritonserver runs without --model-control-mode=explicit")
+        model_dir = self.options.repository_path / name
+        for path in (model_dir, *(d for d in model_dir.iterdir() if d.is_dir() and d.name.isdigit())):
+            os.utime(path)
+        request = urllib.request.Request(f"{self.endpoints.http}/v2/repository/models/{name}/load", data=b"{}",
+                                         method="POST", headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout):
+                pass
+        except urllib.error.HTTPError as e:
+            raise ServerError(f"reloading {name}: {e.code} {e.read().decode(errors='replace')[:500]}") from None
+        except OSError as e:
+            raise ServerError(f"reloading {name}: {e}") from None
+
     def _close_log(self) -> None:
         if self._log_fh is not None:
             try:
@@ -689,26 +717,6 @@ def _killpg(pgid: int, sig: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
-
-
-def process_group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group ``pgid`` (Linux: from /proc; elsewhere: [pgid] if signalable)."""
-    proc = Path("/proc")
-    if not (proc / "self" / "stat").exists():
-        return [pgid] if _killpg(pgid, 0) else []
-    members = []
-    for d in proc.iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...; comm may contain spaces/parens: split after the last ')'
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 3 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            members.append(int(d.name))
-    return members
 
 
 def _reap_group(pgid: int, grace: float = 3.0) -> None:

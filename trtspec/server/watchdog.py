@@ -2,17 +2,23 @@
 
 Triton does not notice when a Python-backend model's stub process dies: ``/v2/health/ready`` and
 ``/v2/models/<m>/ready`` keep answering 200, every new request to the model fails with ``Stub process '<m>_0_0' is
-not healthy``, and the requests that were in flight on it (and on the models that called it) never end. Reloading
-the model through the model-control API does not help: a load of a model whose files did not change is a no-op,
-and the requests held by the dead instance still never end (measured on the nvidia-pytriton 0.7.0 tritonserver;
-docs/benchmarks/faults.md).
+not healthy``, and the requests that were in flight on it never end (measured on the nvidia-pytriton 0.7.0
+tritonserver; docs/benchmarks/faults.md).
 
 So the watchdog watches the stub processes themselves (every model instance is one
-``triton_python_backend_stub <repo>/<model>/<version>/model.py ...`` process in the server's process group), and
-when one is gone it restarts the server: it kills the whole process group at once (the requests in flight fail now,
-their connections closed), starts it again on the same ports and waits until every model is loaded. Meanwhile the
-deployment is not ready. A server that does not come back within ``give_up_s`` makes it not live (a supervisor such
-as Kubernetes' liveness probe then restarts the pod), and so does a tritonserver that exits on its own.
+``triton_python_backend_stub <repo>/<model>/<version>/model.py ...`` process in the server's process group). When
+one is gone:
+
+* a *reloadable* model (the engines: only the loop models call them, and a loop's call on a dead engine ends at
+  once, trtspec.triton.callees) is loaded again through Triton's model-control API, the other models' processes and
+  the requests that do not need it untouched; the deployment is not ready meanwhile, unless the model is
+  *optional* (the draft engine: the endpoints serve without drafting while it reloads);
+* any other model's death (a loop, an entry or a tokenizer model, whose clients' requests would hang), or a reload
+  that fails, restarts the server: the whole process group is killed at once (the requests in flight fail now, their
+  connections closed), started again on the same ports and waited for until every model is loaded.
+
+A server that does not come back within ``give_up_s`` makes the deployment not live (a supervisor such as
+Kubernetes' liveness probe then restarts the pod), and so does a tritonserver that exits on its own.
 """
 
 from __future__ import annotations
@@ -23,38 +29,16 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Collection, Mapping, Protocol
 
 from trtspec.server.base import ServerError, ServerOptions, TritonServer
-from trtspec.server.local import process_group_members
+from trtspec.processes import stub_processes
 
 log = logging.getLogger("trtspec.watchdog")
 
-#: the Prometheus counter of the restarts the watchdog made, one series per model whose process died
+#: the Prometheus counter of the recoveries the watchdog made (a reload of the model, or a restart of the server), one
+#: series per model whose process died
 RESTARTS_COUNTER = "trtspec_model_restarts_total"
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
-def stub_processes(pgid: int, repository: Path) -> dict[str, set[int]]:
-    """Model name -> pids of its Python-backend stub processes (one per instance) in the server's process group."""
-    repo = str(Path(repository).resolve())
-    out: dict[str, set[int]] = {}
-    for pid in process_group_members(pgid):
-        argv = _cmdline(pid)
-        if len(argv) < 2 or not argv[0].endswith("triton_python_backend_stub"):
-            continue
-        model_py = Path(argv[1])
-        # <repo>/<model>/<version>/model.py
-        if str(model_py.parent.parent.parent) == repo:
-            out.setdefault(model_py.parent.parent.name, set()).add(pid)
-    return out
-
 
 
 class RestartableServer(Protocol):
@@ -69,6 +53,11 @@ class RestartableServer(Protocol):
     def returncode(self) -> int | None: ...
 
     def restart(self) -> None: ...
+
+    @property
+    def can_reload(self) -> bool: ...
+
+    def reload_model(self, name: str, timeout: float = 300.0) -> None: ...
 
 
 @dataclass
@@ -95,15 +84,16 @@ class Health:
     reason: str = ""
 
     def as_dict(self) -> dict[str, object]:
-        return {"status": "ok" if self.ready else ("recovering" if self.live else "dead"), "ready": self.ready,
-                "live": self.live, "reason": self.reason}
+        status = ("degraded" if self.reason else "ok") if self.ready else ("recovering" if self.live else "dead")
+        return {"status": status, "ready": self.ready, "live": self.live, "reason": self.reason}
 
 
 class ModelWatchdog:
-    """Watches the stub processes of ``server``'s models; restarts the server when one of them died.
+    """Watches the stub processes of ``server``'s models; reloads a dead ``reloadable`` model, restarts the server
+    when any other died (the module's docstring says which and why).
 
-    ``health()`` is what the probes answer; ``restarts`` counts restarts per model whose process died; ``faults``
-    lists every death. Start it once the server is ready (``start()`` / ``stop()``, or ``with``).
+    ``health()`` is what the probes answer; ``restarts`` counts reloads and restarts per model whose process died;
+    ``faults`` lists every death. Start it once the server is ready (``start()`` / ``stop()``, or ``with``).
     """
 
     def __init__(
@@ -113,14 +103,18 @@ class ModelWatchdog:
         poll_s: float = 0.25,
         give_up_s: float = 300.0,
         on_event: Callable[[str], None] | None = None,
+        reloadable: Collection[str] = (),
+        optional: Collection[str] = (),
     ) -> None:
         self.server = server
         self.poll_s, self.give_up_s = poll_s, give_up_s
+        self.reloadable, self.optional = frozenset(reloadable), frozenset(optional)
         self.restarts: Counter[str] = Counter()
         self.faults: list[Fault] = []
         self._on_event = on_event
         self._expected: dict[str, set[int]] = {}
         self._recovering: list[Fault] = []
+        self._degraded: list[Fault] = []  # optional models reloading: the endpoints serve without them
         self._dead_reason = ""
         self._lock = threading.Lock()
         self._spawning = threading.Lock()  # held while the server's process is replaced
@@ -130,13 +124,21 @@ class ModelWatchdog:
     # -- what the probes read --------------------------------------------------------------------------------------
 
     @property
-    def restarting(self) -> bool:
+    def unready(self) -> bool:
+        """A restart, or the reload of a model the endpoints need, is under way (not ready meanwhile)."""
         with self._lock:
             return bool(self._recovering)
+
+    @property
+    def recovering(self) -> bool:
+        """Any recovery is under way, a draft engine's reload (ready meanwhile) included."""
+        with self._lock:
+            return bool(self._recovering or self._degraded)
 
     def health(self) -> Health:
         with self._lock:
             recovering = [f.model for f in self._recovering]
+            degraded = [f.model for f in self._degraded]
             dead = self._dead_reason
             rc = None if recovering else self.server.returncode
         if dead:
@@ -144,12 +146,15 @@ class ModelWatchdog:
         if rc is not None:
             return Health(False, False, f"tritonserver exited unexpectedly with code {rc}")
         if recovering:
-            return Health(False, True, f"restarting: the process of {', '.join(recovering)} died")
+            return Health(False, True, f"recovering: the process of {', '.join(recovering)} died")
+        if degraded:
+            return Health(True, True, f"degraded: reloading {', '.join(degraded)}, whose process died; the endpoints "
+                                      "serve without it meanwhile")
         return Health(True, True)
 
     def prometheus(self) -> str:
         """The restarts counter in Prometheus' text format."""
-        lines = [f"# HELP {RESTARTS_COUNTER} Server restarts trtspec made because a model's process died.",
+        lines = [f"# HELP {RESTARTS_COUNTER} Recoveries (model reloads or server restarts) trtspec made because a model's process died.",
                  f"# TYPE {RESTARTS_COUNTER} counter"]
         with self._lock:
             counts = dict(self.restarts)
@@ -206,14 +211,49 @@ class ModelWatchdog:
             faults = [Fault(m, min(pids - current.get(m, set())), time.monotonic())
                       for m, pids in self._expected.items() if pids - current.get(m, set())]
             if faults and self.server.returncode is None:
-                self._restart(faults)
+                if all(f.model in self.reloadable for f in faults) and getattr(self.server, "can_reload", False):
+                    self._reload(faults)
+                else:
+                    self._restart(faults)
 
-    def _restart(self, faults: list[Fault]) -> None:
+    def _reload(self, faults: list[Fault]) -> None:
+        """Load the dead models again, nothing else; a failed reload restarts the server."""
+        optional = all(f.model in self.optional for f in faults)
         with self._lock:
-            self._recovering = faults
+            if optional:
+                self._degraded = faults
+            else:
+                self._recovering = faults
             self.faults += faults
         for f in faults:
-            self._event(f"model {f.model}: its process {f.pid} died; not ready, restarting tritonserver")
+            self._event(f"model {f.model}: its process {f.pid} died; "
+                        f"{'serving without it' if optional else 'not ready'}, reloading it")
+        try:
+            for f in faults:
+                self.server.reload_model(f.model, self.give_up_s)
+        except ServerError as e:
+            with self._lock:
+                self._degraded = []
+            self._event(f"{str(e).splitlines()[0]}; restarting tritonserver")
+            self._restart(faults, record=False)
+            return
+        now = time.monotonic()
+        with self._lock:
+            self._expected = self._processes()
+            for f in faults:
+                f.recovered_at = now
+                self.restarts[f.model] += 1
+            self._recovering, self._degraded = [], []
+        self._event(f"{', '.join(f.model for f in faults)} reloaded in {now - faults[0].detected_at:.1f} s; ready")
+
+    def _restart(self, faults: list[Fault], record: bool = True) -> None:
+        with self._lock:
+            self._recovering = faults
+            if record:
+                self.faults += faults
+        if record:
+            for f in faults:
+                self._event(f"model {f.model}: its process {f.pid} died; not ready, restarting tritonserver")
         error = None
         try:
             with self._spawning:
@@ -240,3 +280,17 @@ class ModelWatchdog:
             self._event(f"tritonserver restarted in {now - faults[0].detected_at:.1f} s; ready")
         else:
             self._event(f"{self._dead_reason}; reporting not live")
+
+
+def watchable(options: ServerOptions) -> ServerOptions:
+    """``options`` with Triton's model-control API on (every model loaded at start), so that a watchdog can reload
+    a model alone."""
+    return options.replace(model_control_mode="explicit", load_models=["*"])
+
+
+def deployment_watchdog(server: RestartableServer, **kwargs: object) -> ModelWatchdog:
+    """A watchdog for a trtspec deployment: which models it reloads alone, and which the endpoints serve without,
+    are the repository's (trtspec.repository)."""
+    from trtspec.repository import OPTIONAL_MODELS, RELOADABLE_MODELS
+
+    return ModelWatchdog(server, reloadable=RELOADABLE_MODELS, optional=OPTIONAL_MODELS, **kwargs)  # type: ignore[arg-type]

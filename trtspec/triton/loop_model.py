@@ -14,6 +14,7 @@ import faulthandler
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -25,6 +26,7 @@ from trtspec.logprobs import TopLogProbs
 from trtspec.loop import Step, EngineCallError, LoopRequest, LoopSettings, SpeculativeLoop
 from trtspec.metrics import ControllerGauges, PrometheusExporter
 from trtspec.text import TextCodec
+from trtspec.triton.callees import CalleeProcesses
 
 SETTINGS_PARAMETER = "loop_settings"  # the one model parameter: LoopSettings as JSON
 # is_cancelled() is a round trip to the server: asked after a target call once this long
@@ -33,8 +35,9 @@ CANCEL_CHECK_S = 0.25
 PREFIX_WINDOW = 8  # generated tokens sent back as prefix_ids: enough context for detokenizing a chunk
 
 
-def engine_call(pb_utils: Any):
-    """The loop's engine boundary as BLS requests to other models of the server."""
+def engine_call(pb_utils: Any, callees: CalleeProcesses | None = None):
+    """The loop's engine boundary as BLS requests to other models of the server (with `callees`: a call ends when
+    the called model's process dies)."""
 
     def call(model_name: str, tensors: Mapping[str, np.ndarray], wanted: list[str]) -> dict[str, np.ndarray]:
         request = pb_utils.InferenceRequest(
@@ -42,7 +45,7 @@ def engine_call(pb_utils: Any):
             requested_output_names=wanted,
             inputs=[pb_utils.Tensor(k, v) for k, v in tensors.items()],
         )
-        response = request.exec()
+        response = request.exec() if callees is None else callees.call(model_name, request.exec)
         if response.has_error():
             raise EngineCallError(f"{model_name}: {response.error().message()}")
         out = {}
@@ -114,7 +117,9 @@ class LoopModel:
         )
         self.in_flight = InFlight()
         self.estimates = SharedEstimates()
-        self.loop = SpeculativeLoop(self.settings, engine_call(pb_utils), self.in_flight, self.estimates)
+        # args["model_repository"] is this model's directory in the repository
+        callees = CalleeProcesses(Path(args["model_repository"]).parent)
+        self.loop = SpeculativeLoop(self.settings, engine_call(pb_utils, callees), self.in_flight, self.estimates)
         self.name = args["model_name"]
         self.metrics = PrometheusExporter(pb_utils, self.name)
         self.controller_gauges = ControllerGauges(pb_utils, self.name)
