@@ -99,15 +99,19 @@ def test_failures_are_attributed_to_the_fault_that_caused_them():
         SoakRecord("normal", rec(BASELINE, 11, start=20, error="connection refused"), None, 20.0),  # during recovery
         SoakRecord("normal", rec(BASELINE, 12, start=60, error="something else"), None, 61.0),  # the soak's own
         SoakRecord("disconnect", rec(ENSEMBLE, 13, start=99, error="timed out"), None, 160.0),  # a hang, not clean
+        # sent before the first fault's recovery ended, cut by the second: the second's (the last kill before it ended)
+        SoakRecord("normal", rec(ENSEMBLE, 14, start=35, error="the server closed the stream"), None, 100.5),
     ]
     run = make_run(extra_records=extra)
     run.faults = faults
     s = summarize(run)
     first, second = s["faults"]
     assert (first["requests_failed"], first["failed_cleanly"], first["recovery_s"]) == (2, True, 30.0)
-    assert (second["requests_failed"], second["failed_cleanly"], second["recovery_s"]) == (1, False, None)
+    assert first["in_flight_failed"] == 1  # the other was sent during the recovery
+    assert (second["requests_failed"], second["failed_cleanly"], second["recovery_s"]) == (2, False, None)
+    assert second["in_flight_failed"] == 2
     req = s["requests"]
-    assert req["failed_by_faults"] == 3 and req["errored"] == 1 and s["errors"] == ["something else"]
+    assert req["failed_by_faults"] == 4 and req["errored"] == 1 and s["errors"] == ["something else"]
     assert req["completed"] + req["errored"] + req["left_early"] + req["injected_bad"] + req["failed_by_faults"] == req["sent"]
     assert s["checks"]["every_fault_recovered"] is False and s["checks"]["fault_failures_clean"] is False
     table(s)  # renders the faults' rows

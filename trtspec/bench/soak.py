@@ -241,22 +241,32 @@ def _clean_failure(error: str) -> bool:
 def attribute_failures(faults: Sequence[InjectedFault], records: Sequence[SoakRecord],
                        t0: float) -> tuple[list[dict[str, Any]], set[int]]:
     """Per fault (times relative to the load's start): the requests it failed, and the indexes of those records
-    (the other errors are the soak's own). A request is the fault's when it failed after the kill, and was sent
-    before the deployment was back (+ FAULT_GRACE_S)."""
-    out: list[dict[str, Any]] = []
-    taken: set[int] = set()
-    for f in faults:
+    (the other errors are the soak's own). A failed request is the fault's that was killed last before it ended,
+    when it was sent before the deployment was back (+ FAULT_GRACE_S): in flight at the kill, or sent during the
+    recovery (a client that retries at once meets the recovery; one that honours Retry-After does not)."""
+    by_fault: list[list[tuple[SoakRecord, bool]]] = [[] for _ in faults]
+    order = sorted(range(len(faults)), key=lambda i: faults[i].killed_at)
+    for r in records:
+        if not r.record.error or _refused_by_name(r):
+            continue
+        before = [i for i in order if faults[i].killed_at <= r.finished]
+        if not before:
+            continue
+        f = faults[before[-1]]
         end = f.killed_at + (f.recovery_s if f.recovery_s is not None else RECOVERY_BOUND_S) + FAULT_GRACE_S
-        mine = [r.record for r in records if r.record.error and not _refused_by_name(r)
-                and r.record.index not in taken and r.finished >= f.killed_at and r.record.start <= end]
-        taken |= {r.index for r in mine}
+        if r.record.start <= end:
+            by_fault[before[-1]].append((r, r.record.start <= f.killed_at))
+    out: list[dict[str, Any]] = []
+    for f, mine in zip(faults, by_fault):
+        recs = [r.record for r, _ in mine]
         out.append({
             "model": f.model, "pid": f.pid, "killed_at_s": f.killed_at - t0, "not_ready_after_s": f.not_ready_s,
-            "recovery_s": f.recovery_s, "requests_failed": len(mine),
-            "failed_cleanly": all(_clean_failure(r.error or "") for r in mine), "error": f.error,
-            "errors": sorted({r.error for r in mine if r.error})[:5],
+            "recovery_s": f.recovery_s, "requests_failed": len(recs),
+            "in_flight_failed": sum(in_flight for _, in_flight in mine),
+            "failed_cleanly": all(_clean_failure(r.error or "") for r in recs), "error": f.error,
+            "errors": sorted({r.error for r in recs if r.error})[:5],
         })
-    return out, taken
+    return out, {r.record.index for mine in by_fault for r, _ in mine}
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -566,7 +576,8 @@ def table(summary: dict[str, Any]) -> Any:
         ("server ready after", "yes" if summary["server_ready_after"] else "[red]NO[/]"),
         *[(f"fault {i + 1}: {f['model']} killed at {f['killed_at_s']:.0f} s",
            f"not ready after {_s(f['not_ready_after_s'])}, back after {_s(f['recovery_s'])}, "
-           f"{f['requests_failed']} failed{'' if f['failed_cleanly'] else ' [red](not cleanly)[/]'}")
+           f"{f['requests_failed']} failed ({f['in_flight_failed']} in flight at the kill)"
+           f"{'' if f['failed_cleanly'] else ' [red](not cleanly)[/]'}")
           for i, f in enumerate(summary.get("faults", []))],
         ("server log error lines", str(summary["log_errors"]["count"])),
     ]

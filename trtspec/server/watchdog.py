@@ -28,7 +28,6 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Collection, Mapping, Protocol
 
 from trtspec.server.base import ServerError, ServerOptions, TritonServer
