@@ -374,21 +374,33 @@ def test_controller_asks_an_in_engine_drafter_for_a_draft_only_when_the_next_ite
     # EAGLE-3 in the target drafts for the next call when asked: asked on every call, a k = 0 stretch would pay
     # the head's drafting on each plain step; asked only when drafting pays or its probe is due, it does not
     ctl = _controller(probe_every=8)
-    assert not ctl.drafts_next("model", 4, load=1)  # a fresh deployment: nothing measured, no probe due yet
+    assert ctl.next_draft_len("model", 4, load=1) == 0  # a fresh deployment: nothing measured, no probe due yet
     for _ in range(20):
         ctl.record(1, None, 0, 0, 0.040)
         ctl.record(1, "model", 3, 0, 0.060, draft_s=0.0)
     asked = []
     for _ in range(40):  # acceptance 0: plain steps, one probe per interval, announced one iteration before it
-        asked.append(ctl.drafts_next("model", 4, load=1))
+        asked.append(ctl.next_draft_len("model", 4, load=1) > 0)
         choice = ctl.choose(1, {"model": 4})
         assert choice.k == 0 or choice.probe
         ctl.record(1, choice.source, choice.k, 0, 0.040 if choice.k == 0 else 0.060, 0.0)
     assert 1 <= sum(asked) <= 40 // 8
-    assert not ctl.drafts_next("model", 0, load=1)
-    for _ in range(30):  # once its drafts are accepted, it drafts: asked every iteration
+    assert ctl.next_draft_len("model", 0, load=1) == 0
+    for _ in range(30):  # once its drafts are accepted, it drafts: asked every iteration, for what it will draft
         ctl.record(1, "model", 3, 3, 0.060, draft_s=0.0)
-    assert ctl.drafts_next("model", 4, load=1) and ctl.choose(1, {"model": 4}).k >= 3
+    assert ctl.next_draft_len("model", 4, load=1) == ctl.choose(1, {"model": 4}).k >= 3
+
+
+def test_controller_asks_an_in_engine_drafter_for_the_k_it_will_draft_not_for_its_cap():
+    # the head's first draft is accepted, its later ones not: drafting 1 pays, 3 does not; each call pays for the
+    # head's drafting of what it asks, so asking for 3 where 1 will be drafted would cost two head steps for nothing
+    ctl = _controller(probe_every=8)
+    for _ in range(30):
+        ctl.record(1, None, 0, 0, 0.040)
+        ctl.record(1, "model", 1, 1, 0.045, draft_s=0.0)
+        ctl.record(1, "model", 3, 1, 0.062, draft_s=0.0)
+    assert ctl.choose(1, {"model": 3}).k == 1
+    assert ctl.next_draft_len("model", 3, load=1) == 1
 
 
 def test_controller_learns_a_requests_prompt_lookup_rate_from_proposals_it_did_not_draft():

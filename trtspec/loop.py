@@ -353,6 +353,9 @@ class SpeculativeLoop:
                     used = chosen if proposal.tokens else None
                 used_key = keys.get(used) if used else None
                 unverified += [(keys[s], len(seq), p.tokens) for s, p in free.items() if s != used and p.tokens]
+                if in_target is not None and used != "model" and in_target.next:
+                    # the head's draft that came with the last answer and is not verified: scored for free too
+                    unverified.append((estimate_key("model"), len(seq), list(in_target.next)))
             else:
                 for source, drafter in usable:  # fixed: the first source with a proposal wins
                     proposal, seconds = ask(source, drafter, k)
@@ -362,17 +365,18 @@ class SpeculativeLoop:
                 used_key = estimate_key(used, proposal.match) if used else None
             draft = proposal.tokens
             stats.load_paused_iterations += bool(lookup_only and k and not draft)  # the model would have drafted
-            # The target's own drafter (EAGLE-3) drafts for the next call as asked. Through a k = 0 stretch it is
-            # asked for one token: that keeps its cache current for ~4% of a step (demo target, 1 thread), where
-            # asking for none would make the first call after the stretch recompute every position it missed.
+            # The target's own drafter (EAGLE-3) drafts for the next call as asked: the k the controller would
+            # draft next. Through a k = 0 stretch it is asked for one token: that keeps its cache current (and
+            # its first position's acceptance learnt, scored above), where asking for none would make the first
+            # call after the stretch recompute every position it missed.
             next_k = 0
             if in_target is not None and k:
-                next_k = k if not adaptive or controller.drafts_next("model", k, load) else 1
+                next_k = k if not adaptive else max(1, controller.next_draft_len("model", k, load))
             clean = bool(stats.num_iterations)  # the request's first call carries its prompt's prefill
             if in_target is not None:
                 # a call's time includes the drafting it asks for: a clean sample of its k only where that
-                # drafting goes with it (drafting on from the head, or a plain step in a stretch)
-                clean = clean and ((next_k == k) if used == "model" else next_k <= 1)
+                # drafting goes with it (drafting k and asking k more, or a plain step in a stretch)
+                clean = clean and ((next_k == len(draft)) if used == "model" else next_k <= 1)
             plain = plain_run(None if stretch is None else stretch + 1, remaining) if runs and not draft else 1
             t0 = time.perf_counter()
             new, log_probs, top = self._verify(

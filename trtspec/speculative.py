@@ -452,18 +452,26 @@ class GoodputController:
                     best, best_value = Choice(source, k), value
         return best
 
-    def drafts_next(self, source: str, cap: int, load: int) -> bool:
-        """Whether the next iteration may draft from `source`: drafting from it pays now, or its probe is due.
-        For a drafter inside the target engine (EAGLE-3), whose draft for the next call each call computes
-        when asked: it is asked only then, so that a k = 0 stretch costs what plain steps cost."""
+    def next_draft_len(self, source: str, cap: int, load: int) -> int:
+        """How many tokens to ask a drafter inside the target engine (EAGLE-3) to draft for the next call, which each
+        call computes when asked: the k the next iteration would draft if drafting from it pays now, the k of its
+        probe if one is due, else 0. So a k = 0 stretch costs what plain steps cost, and a call drafting k pays
+        for k tokens of drafting, not for `cap` (the head's steps are sequential: ~15% of a target step each)."""
         if cap <= 0:
-            return False
+            return 0
         best = self._best(load, {source: cap})
         if best is not None and best.source == source:
-            return True
+            return best.k
         si = ESTIMATE_KEYS.index(source)
-        every = self.settings.probe_every
-        return self.est.since[si] + 1 >= max(float(self.est.probe_interval[si]), every)
+        if self.est.since[si] + 1 >= max(float(self.est.probe_interval[si]), self.settings.probe_every):
+            return self._probe_len(source, cap)
+        return 0
+
+    def _probe_len(self, source: str, cap: int) -> int:
+        """A probe drafts through the positions believed good (acceptance >= 0.5) and one more."""
+        good = [a >= 0.5 for a in self.acceptance(source, cap)]
+        depth = good.index(False) if not all(good) else cap
+        return max(1, min(cap, depth + 1))
 
     def choose(self, load: int, candidates: Mapping[str, int], missed: int = 0, may_probe: bool = True) -> Choice:
         """`candidates`: estimate key (drafters.estimate_key: the source, for prompt lookup with its match's level)
@@ -491,9 +499,7 @@ class GoodputController:
                 est.since[si] = 0
                 if _needs_draft_model(source):  # prompt lookup's probes cost a verify row, no engine step
                     est.probe_interval[si] = min(2 * interval, 8 * every)
-                good = [a >= 0.5 for a in self.acceptance(source, cap)]
-                depth = good.index(False) if not all(good) else cap
-                return Choice(source, max(1, min(cap, depth + 1)), probe=True)
+                return Choice(source, self._probe_len(source, cap), probe=True)
         return best
 
     def record(
