@@ -47,14 +47,18 @@ error (or has to be killed), `trtspec serve` exits 1 and says why.
 \b
 Health that tells the truth: Triton's own /v2/health/ready stays 200
 when a model's process dies. `trtspec serve` watches every model's
-process; when one dies, /health/ready on --health-port (and the OpenAI
-API's /health) answers 503, and Triton is restarted at once (the requests
-in flight fail with a clear error instead of hanging on the dead
-process), logged and counted (trtspec_model_restarts_total on
---health-port's /metrics). A deployment not back within
---recovery-timeout makes /health/live 503 and `trtspec serve` exit 1, so
-that a supervisor restarts it. If Triton itself dies, it exits 1 at once
-with the reason.
+process (Triton runs with its model-control API on). When an engine's
+process dies, that engine alone is loaded again: the requests that
+needed it fail at once with a clear, retryable error, the rest go on,
+and /health/ready on --health-port (and the OpenAI API's /health) says
+503 meanwhile (200 "degraded" for the draft engine: the endpoints serve
+without drafting). When any other model's process dies, Triton is
+restarted at once (every request in flight fails with a clear error
+instead of hanging on the dead process). Each recovery is logged and
+counted (trtspec_model_restarts_total on --health-port's /metrics). A
+deployment not back within --recovery-timeout makes /health/live 503
+and `trtspec serve` exit 1, so that a supervisor restarts it. If Triton
+itself dies, it exits 1 at once with the reason.
 
 \b
 Which tritonserver runs (first match wins):
