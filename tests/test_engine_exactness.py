@@ -22,7 +22,7 @@ import torch
 from trtspec.reference_engine import EngineRequest, ReferenceEngine
 from trtspec.reference_engine import packed_linear
 from trtspec.reference_engine.compiled_linear import CompiledLinear
-from trtspec.reference_engine.device import BATCH_INVARIANT, CPU_THREADS_PER_ENGINE, LINEAR_KERNELS, bf16_exact
+from trtspec.reference_engine.device import CPU_THREADS_PER_ENGINE, LINEAR_KERNELS
 
 DEVICE = os.environ.get("TRTSPEC_TEST_DEVICE", "cpu")
 DTYPES = ["float32", "bfloat16"] + ([] if DEVICE == "cpu" else ["float16"])
@@ -103,9 +103,10 @@ def test_speculative_greedy_equals_target_only(pair):
     assert seq[len(PROMPT) : len(PROMPT) + N_NEW] == expected
 
 
-def _bitwise(dtype, target) -> bool:
-    """Whether this engine claims a position's logits bitwise the same in a decode, a verify and a batch."""
-    return BATCH_INVARIANT[dtype] or target.batch_invariant or (dtype == "bfloat16" and DEVICE == "cpu" and bf16_exact())
+def _bitwise(target) -> bool:
+    """Whether this engine claims a position's logits bitwise the same in a decode, a verify and a batch: its
+    precision (device.BATCH_INVARIANT, bf16 where device.bf16_exact) or its kernels and attention."""
+    return target.precision.batch_invariant or target.batch_invariant
 
 
 def test_verify_of_the_targets_own_tokens_accepts_all_and_matches_decode(pair):
@@ -114,13 +115,13 @@ def test_verify_of_the_targets_own_tokens_accepts_all_and_matches_decode(pair):
     own = solo.new_tokens[:4]
     verified = target.run(EngineRequest(list(PROMPT), output_len=1, draft_ids=own, return_generation_logits=True))
     assert verified.num_accepted == 4 and verified.new_tokens == solo.new_tokens
-    if _bitwise(dtype, target):
+    if _bitwise(target):
         assert (verified.generation_logits == solo.generation_logits).all()
 
 
 def test_a_request_in_a_batch_of_16_equals_itself_alone(pair, request):
     dtype, target, _ = pair
-    if dtype == "bfloat16" and not (DEVICE == "cpu" and bf16_exact()):  # strict: passing means dtype auto may pick bf16 again
+    if dtype == "bfloat16" and not target.precision.exact_bf16:  # strict: passing means dtype auto may pick bf16 again
         request.applymarker(pytest.mark.xfail(strict=DEVICE == "cpu", reason="bf16 greedy tokens change with the batch"))
     if dtype == "float16":  # offered on GPUs only: not measured yet
         request.applymarker(pytest.mark.xfail(strict=False, reason="fp16 greedy tokens may change with the batch"))
@@ -130,5 +131,5 @@ def test_a_request_in_a_batch_of_16_equals_itself_alone(pair, request):
     target.cache = type(target.cache)(target.cache.max_entries, target.cache.max_bytes)  # batched prefill too
     batched = _together(target, reqs)
     assert [r.tokens for r in batched] == [r.tokens for r in solo]
-    if _bitwise(dtype, target):
+    if _bitwise(target):
         assert all((b.generation_logits == s.generation_logits).all() for b, s in zip(batched, solo))

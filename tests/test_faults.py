@@ -74,7 +74,7 @@ def test_an_engine_call_ends_when_the_engine_process_dies(tmp_path):
         threading.Timer(0.3, stub.kill).start()
         t0 = time.monotonic()
         with pytest.raises(EngineCallError, match=PROCESS_DIED):
-            callees.call("tensorrt_llm", threading.Event().wait)  # a call that never returns by itself
+            callees.call("tensorrt_llm", lambda: threading.Event().wait(30))  # a call the dead process never answers
         assert time.monotonic() - t0 < 5
     finally:
         stub.kill()

@@ -38,7 +38,11 @@ def is_alive(pid: int) -> bool:
 def process_group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes in process group ``pgid`` (Linux: from /proc; elsewhere: [pgid] if signalable)."""
     if not (_PROC / "self" / "stat").exists():
-        return [pgid] if is_alive(pgid) else []
+        try:
+            os.killpg(pgid, 0)
+            return [pgid]
+        except (ProcessLookupError, PermissionError):
+            return []
     members = []
     for d in _PROC.iterdir():
         if d.name.isdigit() and (state := _state(int(d.name))) is not None:

@@ -210,49 +210,41 @@ class ModelWatchdog:
             faults = [Fault(m, min(pids - current.get(m, set())), time.monotonic())
                       for m, pids in self._expected.items() if pids - current.get(m, set())]
             if faults and self.server.returncode is None:
-                if all(f.model in self.reloadable for f in faults) and getattr(self.server, "can_reload", False):
-                    self._reload(faults)
-                else:
-                    self._restart(faults)
+                self._recover(faults)
 
-    def _reload(self, faults: list[Fault]) -> None:
-        """Load the dead models again, nothing else; a failed reload restarts the server."""
-        optional = all(f.model in self.optional for f in faults)
+    def _recover(self, faults: list[Fault]) -> None:
+        """Reload the dead models where they are all reloadable (ready meanwhile where they are all optional),
+        else, or if a reload fails, restart the server."""
+        reload = all(f.model in self.reloadable for f in faults) and getattr(self.server, "can_reload", False)
+        optional = reload and all(f.model in self.optional for f in faults)
         with self._lock:
+            self.faults += faults
             if optional:
                 self._degraded = faults
             else:
                 self._recovering = faults
-            self.faults += faults
+        plan = "serving without it, reloading it" if optional else "not ready, " + (
+            "reloading it" if reload else "restarting tritonserver")
         for f in faults:
-            self._event(f"model {f.model}: its process {f.pid} died; "
-                        f"{'serving without it' if optional else 'not ready'}, reloading it")
+            self._event(f"model {f.model}: its process {f.pid} died; {plan}")
+        if not (reload and self._reload(faults)):
+            self._restart(faults)
+
+    def _reload(self, faults: list[Fault]) -> bool:
+        """Load the dead models again, nothing else; False (said) where a load failed."""
         try:
             for f in faults:
                 self.server.reload_model(f.model, self.give_up_s)
         except ServerError as e:
             with self._lock:
-                self._degraded = []
+                self._degraded, self._recovering = [], faults
             self._event(f"{str(e).splitlines()[0]}; restarting tritonserver")
-            self._restart(faults, record=False)
-            return
-        now = time.monotonic()
-        with self._lock:
-            self._expected = self._processes()
-            for f in faults:
-                f.recovered_at = now
-                self.restarts[f.model] += 1
-            self._recovering, self._degraded = [], []
+            return False
+        now = self._recovered(faults)
         self._event(f"{', '.join(f.model for f in faults)} reloaded in {now - faults[0].detected_at:.1f} s; ready")
+        return True
 
-    def _restart(self, faults: list[Fault], record: bool = True) -> None:
-        with self._lock:
-            self._recovering = faults
-            if record:
-                self.faults += faults
-        if record:
-            for f in faults:
-                self._event(f"model {f.model}: its process {f.pid} died; not ready, restarting tritonserver")
+    def _restart(self, faults: list[Fault]) -> None:
         error = None
         try:
             with self._spawning:
@@ -262,23 +254,27 @@ class ModelWatchdog:
             TritonServer.wait_ready(self.server, self.give_up_s)  # type: ignore[arg-type] - same ports, always
         except ServerError as e:
             error = str(e).splitlines()[0]
+        if error is None:
+            now = self._recovered(faults)
+            self._event(f"tritonserver restarted in {now - faults[0].detected_at:.1f} s; ready")
+            return
+        with self._lock:
+            for f in faults:
+                f.error = error
+            self._dead_reason = f"tritonserver did not come back after {', '.join(f.model for f in faults)} died: {error}"
+            self._recovering = []
+        self._event(f"{self._dead_reason}; reporting not live")
+
+    def _recovered(self, faults: list[Fault]) -> float:
+        """The dead models serve again: their processes watched, the faults closed and counted; the time."""
         now = time.monotonic()
         with self._lock:
-            if error is None:
-                self._expected = self._processes()
-                for f in faults:
-                    f.recovered_at = now
-                    self.restarts[f.model] += 1
-            else:
-                for f in faults:
-                    f.error = error
-                self._dead_reason = f"tritonserver did not come back after {', '.join(f.model for f in faults)} " \
-                                    f"died: {error}"
-            self._recovering = []
-        if error is None:
-            self._event(f"tritonserver restarted in {now - faults[0].detected_at:.1f} s; ready")
-        else:
-            self._event(f"{self._dead_reason}; reporting not live")
+            self._expected = self._processes()
+            for f in faults:
+                f.recovered_at = now
+                self.restarts[f.model] += 1
+            self._recovering, self._degraded = [], []
+        return now
 
 
 def watchable(options: ServerOptions) -> ServerOptions:
