@@ -187,6 +187,7 @@ ENGINE_STEP_TOKENS_GAUGE = "trtspec_engine_step_tokens"
 ENGINE_KV_BYTES_GAUGE = "trtspec_engine_kv_cache_bytes"
 # execute() only queues a request for the scheduler, so Triton's compute_infer no longer holds the engine's work
 ENGINE_BUSY_COUNTER = "trtspec_engine_busy_ns"
+ENGINE_STEPS_COUNTER = "trtspec_engine_steps"
 
 
 class EngineGauges:
@@ -194,7 +195,8 @@ class EngineGauges:
     nv_trt_llm_request_metrics / inflight_batcher / kv_cache_block metrics: requests running and queued,
     tokens computed in the last step, and bytes of KV cache held by the running requests; plus the engine's
     compute time (a counter, sent after every step before its requests are answered, so a client that reads
-    it after its response sees its own steps counted)."""
+    it after its response sees its own steps counted), and its forward steps (a counter, sent with the gauges:
+    requests that share steps make fewer of them than they would alone)."""
 
     MIN_INTERVAL_S = 0.25  # each gauge update is a round trip to the server: not at every step
 
@@ -211,7 +213,12 @@ class EngineGauges:
         self._families[ENGINE_BUSY_COUNTER] = pb_utils.MetricFamily(  # kept: a Metric dies with its family
             name=ENGINE_BUSY_COUNTER, description="Nanoseconds the engine spent in forward steps",
             kind=pb_utils.MetricFamily.COUNTER)
+        self._families[ENGINE_STEPS_COUNTER] = pb_utils.MetricFamily(
+            name=ENGINE_STEPS_COUNTER, description="Forward steps the engine ran (one per batch of requests)",
+            kind=pb_utils.MetricFamily.COUNTER)
         labels = {"model": model_name}
+        self._steps = self._families[ENGINE_STEPS_COUNTER].Metric(labels)
+        self._steps_sent = 0
         self._busy = self._families[ENGINE_BUSY_COUNTER].Metric(labels)
         self._active = self._families[ENGINE_REQUESTS_GAUGE].Metric(dict(labels, state="active"))
         self._queued = self._families[ENGINE_REQUESTS_GAUGE].Metric(dict(labels, state="queued"))
@@ -236,6 +243,8 @@ class EngineGauges:
             self._queued.set(stats.queued)
             self._tokens.set(stats.last_step_tokens)
             self._kv.set(stats.kv_bytes)
+            self._steps.increment(stats.steps - self._steps_sent)
+        self._steps_sent = stats.steps
 
 
 CONTROLLER_ACCEPTANCE_GAUGE = "trtspec_controller_acceptance"
