@@ -1,8 +1,9 @@
 """Serving that holds up, through a real Triton server (the demo pair on the reference engine).
 
-A client that goes away — an HTTP SSE connection closed, an explicit gRPC cancel, a gRPC client killed — stops
-its generation on the text endpoints within 2 s (read from the endpoint's own Prometheus counters); bad values
-are refused at the edge with a named error and the server stays ready.
+A client that goes away — an HTTP SSE connection closed, an explicit gRPC cancel of a streamed or a non-streamed
+request, a gRPC client killed — costs the text endpoints at most one more target call: the endpoint counts the
+request as cancelled and at most one call's tokens after it (its own Prometheus counters); bad values are refused at
+the edge with a named error and the server stays ready.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import queue
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -33,7 +35,8 @@ pytestmark = pytest.mark.slow
 
 ENDPOINTS = ("ensemble", "baseline")
 LONG = 256  # ~15 s of generation on the CPU: a loop that does not stop is plain to see
-STOP_WITHIN_S = 2.0
+# a deadline that turns a loop that never stops into a failure, not a timing assertion: the counts below are the check
+STOP_DEADLINE_S = 60.0
 EXIT_TIMEOUT_S = 5
 PROMPT = "<|im_start|>user\nTell me a long story about a dragon.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -85,26 +88,46 @@ def _ready(server) -> bool:
 
 
 def _wait_for_cancel(server, model, before, t0):
-    """Seconds from t0 until the endpoint counts the request as cancelled; fails after STOP_WITHIN_S."""
-    while time.monotonic() - t0 < STOP_WITHIN_S + 5:
+    """Seconds from t0 until the endpoint counts the request as cancelled; fails after STOP_DEADLINE_S."""
+    while time.monotonic() - t0 < STOP_DEADLINE_S:
         if _metric(server, CANCELLED_COUNTER, model) > before:
             return time.monotonic() - t0
         time.sleep(0.05)
-    pytest.fail(f"{model}: the request was not cancelled within {STOP_WITHIN_S + 5} s of the client leaving")
+    pytest.fail(f"{model}: the request was not cancelled within {STOP_DEADLINE_S:g} s of the client leaving")
 
 
-def _check_stopped(server, model, cancel, emitted_before, t0):
+def _one_call(model: str, stream: bool = True) -> int:
+    """The most tokens one target call adds: k drafted + 1 on the ensemble, 1 on the baseline; a request that is
+    not streamed asks for runs of up to PLAIN_RUN_MAX tokens where it does not draft."""
+    from trtspec.speculative import PLAIN_RUN_MAX
+
+    drafted = demo_config().speculative.num_draft_tokens + 1 if model == "ensemble" else 1
+    return drafted if stream else max(drafted, PLAIN_RUN_MAX)
+
+
+def _counts(server, model):
+    return (_metric(server, CANCELLED_COUNTER, model), _metric(server, EMITTED_COUNTER, model, 0.0),
+            _metric(server, AFTER_CANCEL_COUNTER, model))
+
+
+def _check_stopped(server, model, before, t0, stream=True):
+    """The request whose client left at t0 was cancelled, after at most one more target call."""
+    cancel, emitted_before, after_cancel = before
     elapsed = _wait_for_cancel(server, model, cancel, t0)
     print(f"{model}: stopped {elapsed:.2f} s after the client left")
-    assert elapsed < STOP_WITHIN_S, f"{model}: stopped {elapsed:.2f} s after the client left"
+    assert _metric(server, CANCELLED_COUNTER, model) == cancel + 1
+    assert _metric(server, AFTER_CANCEL_COUNTER, model) - after_cancel <= _one_call(model, stream)
     emitted = _metric(server, EMITTED_COUNTER, model) - emitted_before
-    assert 0 < emitted < LONG / 2  # it stopped early, and it counted what the client got
+    if stream:
+        assert 0 < emitted < LONG / 2  # it stopped early, and it counted what the client got
+    else:
+        assert emitted == 0  # a request that is not streamed got nothing: its tokens were never sent
     return elapsed
 
 
 @pytest.mark.parametrize("model", ENDPOINTS)
 def test_sse_disconnect_stops_generation(server, model):
-    cancel, emitted = _metric(server, CANCELLED_COUNTER, model), _metric(server, EMITTED_COUNTER, model, 0.0)
+    before = _counts(server, model)
     host, port = server.endpoints.http_address.split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
     body = {"text_input": PROMPT, "max_tokens": LONG, "stream": True}
@@ -117,25 +140,44 @@ def test_sse_disconnect_stops_generation(server, model):
         chunks += line.startswith(b"data:")
     conn.sock.shutdown(2)
     conn.close()
-    _check_stopped(server, model, cancel, emitted, time.monotonic())
+    _check_stopped(server, model, before, time.monotonic())
     assert _ready(server)
 
 
+def _target_calls(server) -> int:
+    """Requests the target engine has answered (each target call of a loop is one)."""
+    url = f"http://{server.endpoints.http_address}/v2/models/tensorrt_llm/stats"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        stats = json.load(r)["model_stats"]
+    return sum(int(m["inference_stats"]["success"]["count"]) for m in stats)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not-streamed"])
 @pytest.mark.parametrize("model", ENDPOINTS)
-def test_grpc_cancel_stops_generation(server, model):
+def test_grpc_cancel_stops_generation(server, model, stream):
+    """stop_stream(cancel_requests=True) mid-request: a streamed one after two responses, one that is not streamed
+    (it answers only at its end) once the target has answered two of its calls."""
     import tritonclient.grpc as grpcclient
 
-    cancel, emitted = _metric(server, CANCELLED_COUNTER, model), _metric(server, EMITTED_COUNTER, model, 0.0)
+    before = _counts(server, model)
+    calls = _target_calls(server)
     got: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.endpoints.grpc_address)
     client.start_stream(callback=lambda result, error: got.put(error or result))
-    client.async_stream_infer(model, grpc_inputs({"text_input": PROMPT, "max_tokens": LONG, "stream": True}))
-    for _ in range(2):
-        r = got.get(timeout=60)
-        assert not isinstance(r, Exception), r
+    client.async_stream_infer(model, grpc_inputs({"text_input": PROMPT, "max_tokens": LONG, "stream": stream}))
+    if stream:
+        for _ in range(2):
+            r = got.get(timeout=60)
+            assert not isinstance(r, Exception), r
+    else:
+        deadline = time.monotonic() + 60
+        while _target_calls(server) < calls + 2:
+            assert time.monotonic() < deadline, "the request made no target calls"
+            assert got.empty(), f"the request ended before it was cancelled: {got.get()}"
+            time.sleep(0.05)
     t0 = time.monotonic()
     client.stop_stream(cancel_requests=True)
-    _check_stopped(server, model, cancel, emitted, t0)
+    _check_stopped(server, model, before, t0, stream)
     client.close()
     assert _ready(server)
 
@@ -159,8 +201,7 @@ _KILLED_CLIENT = textwrap.dedent(
 
 @pytest.mark.parametrize("model", ENDPOINTS)
 def test_killed_grpc_client_stops_generation(server, model):
-    after_cancel = _metric(server, AFTER_CANCEL_COUNTER, model)
-    cancel, emitted = _metric(server, CANCELLED_COUNTER, model), _metric(server, EMITTED_COUNTER, model, 0.0)
+    before = _counts(server, model)
     proc = subprocess.Popen(
         [sys.executable, "-c", _KILLED_CLIENT, server.endpoints.grpc_address, model, PROMPT, str(LONG)],
         stdout=subprocess.PIPE, text=True,
@@ -170,10 +211,7 @@ def test_killed_grpc_client_stops_generation(server, model):
     finally:
         proc.kill()
         proc.wait()
-    _check_stopped(server, model, cancel, emitted, time.monotonic())
-    # at most one iteration's tokens after the loop saw the client leave: k drafted + 1 on the ensemble, 1 on baseline
-    one_iteration = demo_config().speculative.num_draft_tokens + 1 if model == "ensemble" else 1
-    assert _metric(server, AFTER_CANCEL_COUNTER, model) - after_cancel <= one_iteration
+    _check_stopped(server, model, before, time.monotonic())
     assert _ready(server)
 
 
@@ -307,7 +345,10 @@ def test_sigint_after_a_rejected_stream_request_stops_within_the_bound(own_serve
 
     server = own_server
 
+    rejected = threading.Event()
+
     def callback(result, error):
+        rejected.set()
         raise RuntimeError("a client bug")
 
     client = grpcclient.InferenceServerClient(server.endpoints.grpc_address)
@@ -315,12 +356,12 @@ def test_sigint_after_a_rejected_stream_request_stops_within_the_bound(own_serve
     bad = grpcclient.InferInput("X", [1], "INT32")  # declared FP32: Triton rejects the request
     bad.set_data_from_numpy(np.array([8], dtype=np.int32))
     client.async_stream_infer("echo", [bad])
-    time.sleep(1.0)
+    assert rejected.wait(60), "Triton never answered the rejected request"
     t0 = time.monotonic()
     rc = server.stop()
     elapsed = time.monotonic() - t0
     print(f"stop() after a rejected stream request: {elapsed:.1f} s, exit code {rc}, {server.stop_reason}")
-    assert elapsed <= server.options.stop_bound_s + 2
+    # Triton waits for the open stream (the hang this is about): stop() kills it at its bound and says why
+    assert rc != 0 and server.stop_reason and "killed" in server.stop_reason, (rc, server.stop_reason)
+    assert server.options.stop_bound_s <= elapsed <= server.options.stop_bound_s + 5
     assert not server.is_running()
-    if rc != 0:  # a failure comes with a reason `trtspec serve` can show
-        assert server.stop_reason or any("timeout" in line.lower() for line in server.log_tail(60))
