@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -10,6 +11,28 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# `-m "not slow"` skips every test that starts Triton (README): a test that starts tritonserver without the marker
+# fails, here, in its setup or its call
+_running = {"slow": True, "test": ""}
+
+
+def pytest_runtest_setup(item):  # before the item's fixtures: a module-scoped server starts in the setup of its first test
+    _running.update(slow=item.get_closest_marker("slow") is not None, test=item.nodeid)
+
+
+_popen_init = subprocess.Popen.__init__
+
+
+def _popen_init_unless_triton_in_a_fast_test(self, args, *rest, **kwargs):
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    program = Path(os.fsdecode(argv[0])).name if argv else ""
+    if program == "tritonserver" and not _running["slow"]:
+        raise AssertionError(f"{_running['test']} starts tritonserver: mark it @pytest.mark.slow")
+    _popen_init(self, args, *rest, **kwargs)
+
+
+subprocess.Popen.__init__ = _popen_init_unless_triton_in_a_fast_test
 
 
 def make_tiny_llama(path: Path, vocab: int = 12, layers: int = 2, seed: int = 0) -> Path:

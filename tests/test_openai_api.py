@@ -261,13 +261,14 @@ def test_errors_have_the_openai_shape_and_the_server_stays_healthy(api, client, 
 @pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 def test_n_choices_are_independent_requests_each_equal_to_one_alone(client, triton, tokenizer, name, stream) -> None:
-    want = _ensemble(triton, _chat_prompt(tokenizer, QUESTION)).text
+    one = _ensemble(triton, _chat_prompt(tokenizer, QUESTION))
+    want = one.text
     kwargs = dict(model=name, messages=[{"role": "user", "content": QUESTION}], max_tokens=MAX_TOKENS, temperature=0, n=2)
     if not stream:
         r = client.chat.completions.create(**kwargs)
         assert [c.index for c in r.choices] == [0, 1]
         assert [c.message.content for c in r.choices] == [want, want]  # greedy: both equal the ensemble's
-        assert r.usage.completion_tokens == 2 * MAX_TOKENS or r.choices[0].finish_reason == "stop"
+        assert r.usage.completion_tokens == 2 * len(one.token_ids)
         assert all(c.model_extra["speculative"]["num_iterations"] > 0 for c in r.choices)
         assert r.model_extra["speculative"]["num_iterations"] == sum(c.model_extra["speculative"]["num_iterations"] for c in r.choices)
         return
@@ -280,7 +281,7 @@ def test_n_choices_are_independent_requests_each_equal_to_one_alone(client, trit
         if chunk.usage is not None:
             usage = chunk.usage
     assert texts == {0: want, 1: want} and finished == {0, 1}
-    assert usage.completion_tokens == sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in texts.values()) or usage.completion_tokens > 0
+    assert usage.completion_tokens == 2 * len(one.token_ids)
 
 
 @pytest.mark.slow
@@ -391,19 +392,22 @@ def test_the_openapi_document_lists_the_errors_the_server_sends() -> None:
     assert "422" not in doc["paths"]["/v1/completions"]["post"]["responses"]  # validation errors are answered as 400
 
 
-def _counters(triton) -> tuple[float, float, float, float]:
+def _counters(triton) -> tuple[float, float, float, float, float]:
     from trtspec.bench.metrics import scrape, value
+    from trtspec.metrics import AFTER_CANCEL_COUNTER
 
     s = scrape(triton.endpoints.metrics)
     return (value(s, "spec_decode_num_requests", model="speculative"),
             value(s, "spec_decode_num_emitted_tokens", model="speculative"),
             value(s, "nv_inference_pending_request_count"),
-            value(s, "spec_decode_num_cancelled_requests", model="speculative"))
+            value(s, "spec_decode_num_cancelled_requests", model="speculative"),
+            value(s, AFTER_CANCEL_COUNTER, model="speculative"))
 
 
 @pytest.mark.slow
 def test_a_dropped_stream_stops_its_request_in_triton(client, triton, name) -> None:
-    requests_before, emitted_before, _, cancelled_before = _counters(triton)
+    """An SSE client that leaves costs at most one more target call: the draft length plus the target's token."""
+    requests_before, emitted_before, _, cancelled_before, after_cancel_before = _counters(triton)
     stream = client.completions.create(model=name, prompt=COUNTING, max_tokens=200, temperature=0, stream=True)
     for i, _chunk in enumerate(stream):
         if i == 2:
@@ -411,11 +415,12 @@ def test_a_dropped_stream_stops_its_request_in_triton(client, triton, name) -> N
     stream.close()  # the client goes away mid-stream
     dropped = time.monotonic()
     while _counters(triton)[3] == cancelled_before:  # the loop counts the request, then its cancel, when it ends
-        assert time.monotonic() - dropped < 30, "the request still runs in Triton after its client left"
+        assert time.monotonic() - dropped < 60, "the request still runs in Triton after its client left"
         time.sleep(0.2)
-    requests, emitted, pending, cancelled = _counters(triton)
+    requests, emitted, pending, cancelled, after_cancel = _counters(triton)
     assert cancelled == cancelled_before + 1  # it ended because its client left, not by finishing
     assert requests == requests_before + 1 and pending == 0
+    assert after_cancel - after_cancel_before <= DEMO_PAIR_DEPLOYMENT["speculative"]["num_draft_tokens"] + 1
     assert emitted - emitted_before < 40  # the prompt counts on for 100+ tokens: cancelled, not finished
 
 

@@ -180,4 +180,5 @@ def test_short_soak_against_real_triton(tmp_path):
     assert s["checks"]["tokens_after_cancel_within_one_iteration"] is True
     assert s["server_ready_after"] is True
     assert s["rss"]["num_samples"] >= 2 and s["rss"]["peak_bytes"] >= s["rss"]["start_bytes"] > 0
+    assert s["checks"]["rss_end_within_10pct_of_start"] is True, {k: v for k, v in s["rss"].items() if k != "timeline"}
     assert "text_input not UTF-8" in s["settings"]["bad_requests"]  # gRPC carries what JSON cannot
