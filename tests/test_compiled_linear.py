@@ -191,6 +191,7 @@ def test_linear_kernels_is_refused_outside_the_reference_engine(tiny):
                                                                           "linear_kernels": "compiled"}}, check_paths=False)
 
 
+@pytest.mark.slow
 def test_a_served_engine_runs_on_the_deployments_compiled_kernels(tiny, kernels, tmp_path, monkeypatch):
     """Through Triton: the model process (one torch thread, as served) loads <out>/kernels; its logits are bitwise
     those of an in-process engine on the same kernels (other kernels differ in the last bits)."""

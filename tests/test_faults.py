@@ -28,6 +28,7 @@ from conftest import write_echo_repository, write_python_model
 from trtspec.client import Client, ClientError, grpc_inputs
 from trtspec.config import parse_config
 from trtspec.loop import PROCESS_DIED
+from trtspec.openai.app import RECOVERY_WAIT_S
 from trtspec.openai.backend import RETRY_AFTER_S
 from trtspec.repository import generate_repository
 from trtspec.server.watchdog import RESTARTS_COUNTER
@@ -36,8 +37,13 @@ from trtspec.server.watchdog import RESTARTS_COUNTER
 PROMPT = "<|im_start|>user\nTell me a long story about a dragon.<|im_end|>\n<|im_start|>assistant\n"
 SHORT = 8  # tokens of the greedy-identity check
 LONG = 200  # a request still running when the fault comes
+# the documented bounds, asserted (measured with the machine to itself, docs/benchmarks/faults.md): /health/ready
+# says not ready within 2 s of a death (0.03-0.27 s); an engine is reloaded alone within 30 s (6-11 s), where a
+# restart takes 26-30 s with the machine to itself and longer on a loaded one
+NOT_READY_WITHIN_S = 2.0
+RELOAD_WITHIN_S = 30.0
 # deadlines that turn a hang into a failure (not timing assertions: a busy machine passes them)
-NOT_READY_WITHIN_S = 30.0
+HANG_S = 30.0
 CLIENT_ENDS_WITHIN_S = 60.0
 RECOVERY_WITHIN_S = 400.0
 
@@ -366,7 +372,8 @@ def _fault_then_recovery(deployment, reference, model: str, client, during=None,
                          ready_during: bool = False) -> None:
     """Kill `model`'s process while `client` streams; check health during the fault (and run `during` then), the
     recovery, the output. `alone`: the other models' processes must be the same after it (a reload, not a restart);
-    `ready_during`: the endpoints serve without the model, so health stays ready (degraded) throughout."""
+    `ready_during`: the endpoints serve without the model, so health stays ready (degraded) throughout. A reload
+    (`alone`) must end within RELOAD_WITHIN_S, and not-ready must come within NOT_READY_WITHIN_S of the kill."""
     server, watchdog, health, api, _ = deployment
     before = _restarts(health, model)
     faults_before = len(watchdog.faults)
@@ -378,12 +385,12 @@ def _fault_then_recovery(deployment, reference, model: str, client, during=None,
     if ready_during:
         _wait(lambda: len(watchdog.faults) > faults_before, NOT_READY_WITHIN_S, f"{model} killed: not noticed")
         state = _health(health)
-        assert state["ready"] and state["status"] in ("degraded", "ok"), state  # ok: the reload already finished
+        assert state["ready"] and state["status"] == "degraded", state
         not_ready_after = None
     else:
         not_ready_after = _wait(lambda: not _ready(health), NOT_READY_WITHIN_S, f"{model} killed: /health/ready still 200")
     status, body = _get(f"{api.url.removesuffix('/v1')}/health")
-    assert status in (503, 200), body  # 200 only if the recovery already finished, or while degraded
+    assert (status, json.loads(body)["status"]) == ((200, "degraded") if ready_during else (503, "recovering")), body
     if during is not None:
         during()
     client.join(CLIENT_ENDS_WITHIN_S)
@@ -397,6 +404,9 @@ def _fault_then_recovery(deployment, reference, model: str, client, during=None,
     assert fault.model == model and fault.recovered_at is not None
     if alone:
         assert {m: p for m, p in watchdog.watched.items() if m != model} == others, "other models' processes changed"
+        assert fault.recovery_s <= RELOAD_WITHIN_S, f"{model}: reloaded {fault.recovery_s:.1f} s after its death"
+    if ready_during:
+        assert _health(health)["status"] == "ok"
     assert {m: _generate(server, m) for m in reference} == reference
 
 
@@ -438,17 +448,21 @@ def test_loop_instance_killed_mid_stream(deployment, reference):
 def test_tokenizer_killed_mid_stream_and_a_request_during_recovery(deployment, reference):
     """The tokenizer (postprocessing) dies under a streamed request; an OpenAI request sent during the recovery
     waits for it or gets a 503 with Retry-After."""
-    server, api = deployment[0], deployment[3]
+    server, health, api = deployment[0], deployment[2], deployment[3]
     stream = _TritonStream(server, "ensemble")
     body = {"model": api.deployment.name, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
 
     def request_during_recovery():
+        """A restart takes 20 s or more: the request is held RECOVERY_WAIT_S, then refused, retryable."""
+        t0 = time.monotonic()
         r = _post(api.url, "/completions", body, CLIENT_ENDS_WITHIN_S)
-        answer = json.loads(r.read())
-        assert r.status in (200, 503), answer
-        if r.status == 503:
-            assert r.headers["Retry-After"] == str(RETRY_AFTER_S)
-            assert answer["error"]["code"] == "service_unavailable"
+        held, answer = time.monotonic() - t0, json.loads(r.read())
+        assert not _ready(health), "the restart ended within the hold: nothing to check"
+        assert r.status == 503, answer
+        assert r.headers["Retry-After"] == str(RETRY_AFTER_S)
+        assert answer["error"]["code"] == "service_unavailable"
+        print(f"a request during the restart: held {held:.1f} s, then 503")
+        assert RECOVERY_WAIT_S <= held <= RECOVERY_WAIT_S + HANG_S, held
 
     _fault_then_recovery(deployment, reference, "postprocessing", stream, during=request_during_recovery)
     assert stream.outcome not in ("hung", "completed"), stream.outcome
@@ -536,7 +550,7 @@ def test_serve_replaces_a_dead_model_process_and_says_so(echo_repo):
         triton = serve.triton_pid()
         (stub,) = stub_processes(triton, echo_repo)["echo"]
         os.kill(stub, signal.SIGKILL)
-        _wait(lambda: _get(f"{serve.health_url}/ready")[0] == 503, NOT_READY_WITHIN_S, "/health/ready still 200")
+        _wait(lambda: _get(f"{serve.health_url}/ready")[0] == 503, HANG_S, "/health/ready still 200")
         assert _get(f"{serve.health_url}/live")[0] == 200  # recovering, not dead
         _wait(lambda: _get(f"{serve.health_url}/ready")[0] == 200, RECOVERY_WITHIN_S, "no recovery")
         assert f'{RESTARTS_COUNTER}{{model="echo"}} 1' in _get(f"{serve.health_url.removesuffix('/health')}/metrics")[1]

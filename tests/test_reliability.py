@@ -2,8 +2,8 @@
 
 A client that goes away — an HTTP SSE connection closed, an explicit gRPC cancel of a streamed or a non-streamed
 request, a gRPC client killed — costs the text endpoints at most one more target call: the endpoint counts the
-request as cancelled and at most one call's tokens after it (its own Prometheus counters); bad values are refused at
-the edge with a named error and the server stays ready.
+request as cancelled, with at most one call's tokens after it (its own Prometheus counters), within a few seconds;
+bad values are refused at the edge with a named error and the server stays ready.
 """
 
 from __future__ import annotations
@@ -35,8 +35,11 @@ pytestmark = pytest.mark.slow
 
 ENDPOINTS = ("ensemble", "baseline")
 LONG = 256  # ~15 s of generation on the CPU: a loop that does not stop is plain to see
-# a deadline that turns a loop that never stops into a failure, not a timing assertion: the counts below are the check
-STOP_DEADLINE_S = 60.0
+# The loop asks whether its client is still there every loop_model.CANCEL_CHECK_S (0.25 s) between target calls:
+# stopped 0.2-0.7 s after the client left with the machine to itself, up to 1.7 s on 2 cores at load 7. The bound
+# is generous for a loaded machine and still a small part of the ~15 s a request that runs to its end takes.
+STOP_WITHIN_S = 5.0
+STOP_DEADLINE_S = 60.0  # a loop that never stops: a failure, not a hang
 EXIT_TIMEOUT_S = 5
 PROMPT = "<|im_start|>user\nTell me a long story about a dragon.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -115,6 +118,7 @@ def _check_stopped(server, model, before, t0, stream=True):
     cancel, emitted_before, after_cancel = before
     elapsed = _wait_for_cancel(server, model, cancel, t0)
     print(f"{model}: stopped {elapsed:.2f} s after the client left")
+    assert elapsed < STOP_WITHIN_S, f"{model}: stopped {elapsed:.2f} s after the client left"
     assert _metric(server, CANCELLED_COUNTER, model) == cancel + 1
     assert _metric(server, AFTER_CANCEL_COUNTER, model) - after_cancel <= _one_call(model, stream)
     emitted = _metric(server, EMITTED_COUNTER, model) - emitted_before
@@ -322,6 +326,21 @@ def test_adaptive_policy_steps_aside_from_a_draft_that_does_not_pay(server):
         # plain runs but for probes, each one token and at most one per probe_every target steps
         assert sum(counts[2:]) == 0 and counts[1] <= len(want) // AdaptivePolicy().probe_every, counts
         assert _draft_engine_requests(server) - before == sum(counts[1:]) == g.stats.num_drafts
+
+
+@pytest.mark.xfail(strict=True, reason="a stretch of plain calls starts at a run of 1 token and doubles to "
+                   "speculative.PLAIN_RUN_MAX, and each probe of the draft splits a run: where nothing pays, a request "
+                   "that is not streamed makes more target calls than target-only (measured 2026-11-27: 8 against 4 for 64 tokens)")
+def test_where_nothing_pays_the_target_gets_target_onlys_calls(server):
+    """The untrained draft pays nowhere: under the controller a request that is not streamed costs the target what
+    target-only costs ("a pause costs what target-only costs"), exactly target-only's calls."""
+    addr = server.endpoints.http_address
+    want = Client(addr, "http", "baseline").generate(PROMPT, 64)
+    got = Client(addr, "http", "ensemble").generate(PROMPT, 64, draft_source="model", draft_length_policy="adaptive",
+                                                    num_draft_tokens=3)
+    print(f"target calls for {len(want.token_ids)} tokens: {got.stats.num_iterations} under the controller "
+          f"(by k: {got.stats.draft_len_counts}), {want.stats.num_iterations} target-only")
+    assert got.stats.num_iterations == want.stats.num_iterations
 
 
 @pytest.fixture

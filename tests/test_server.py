@@ -181,6 +181,7 @@ def server(good_repo: Path, cache_dir: Path, helper_dir: Path):
 # A real server
 
 
+@pytest.mark.slow
 def test_ready_models_and_metrics(server: LocalTritonServer) -> None:
     import urllib.request
 
@@ -193,6 +194,7 @@ def test_ready_models_and_metrics(server: LocalTritonServer) -> None:
         assert b"nv_inference_request_success" in r.read()
 
 
+@pytest.mark.slow
 def test_http_infer(server: LocalTritonServer) -> None:
     import tritonclient.http as httpclient
 
@@ -215,6 +217,7 @@ def test_http_infer(server: LocalTritonServer) -> None:
         assert info.endswith("|mark-ok")
 
 
+@pytest.mark.slow
 def test_grpc_infer(server: LocalTritonServer) -> None:
     import tritonclient.grpc as grpcclient
 
@@ -229,6 +232,7 @@ def test_grpc_infer(server: LocalTritonServer) -> None:
     client.close()
 
 
+@pytest.mark.slow
 def test_grpc_stream_decoupled(server: LocalTritonServer) -> None:
     import tritonclient.grpc as grpcclient
 
@@ -254,6 +258,7 @@ def test_grpc_stream_decoupled(server: LocalTritonServer) -> None:
         client.close()
 
 
+@pytest.mark.slow
 def test_broken_model_raises_with_name_and_log(broken_repo: Path, cache_dir: Path) -> None:
     srv = LocalTritonServer(broken_repo, **AUTO, cache_dir=cache_dir)
     srv.start()
@@ -272,6 +277,7 @@ def test_broken_model_raises_with_name_and_log(broken_repo: Path, cache_dir: Pat
     assert process_group_members(srv.pid) == []
 
 
+@pytest.mark.slow
 def test_failed_model_found_through_the_repository_index(broken_repo: Path, cache_dir: Path) -> None:
     # exit_on_error=False: Triton stays up (live, not ready); wait_ready asks v2/repository/index at once
     srv = LocalTritonServer(broken_repo, **AUTO, cache_dir=cache_dir, exit_on_error=False,
@@ -290,6 +296,7 @@ def test_failed_model_found_through_the_repository_index(broken_repo: Path, cach
     assert process_group_members(srv.pid) == []
 
 
+@pytest.mark.slow
 def test_stop_leaves_no_process(good_repo: Path, cache_dir: Path, helper_dir: Path) -> None:
     options = ServerOptions(good_repo, **AUTO, cache_dir=cache_dir, pythonpath=[helper_dir],
                             disable_auto_complete_config=True, exit_timeout_s=5)
@@ -523,6 +530,7 @@ def test_serve_help_explains_which_tritonserver() -> None:
         assert text in result.output
 
 
+@pytest.mark.slow
 def test_serve_reports_a_broken_model_without_traceback(broken_repo: Path, cache_dir: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from trtspec.commands import serve
@@ -535,6 +543,7 @@ def test_serve_reports_a_broken_model_without_traceback(broken_repo: Path, cache
     assert "Traceback" not in result.output and not isinstance(result.exception, ServerError)
 
 
+@pytest.mark.slow
 def test_serve_runs_until_ctrl_c(good_repo: Path, cache_dir: Path, helper_dir: Path) -> None:
     env = dict(os.environ, TRTSPEC_CACHE=str(cache_dir), PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(
         [str(trtspec_import_root()), str(helper_dir), os.environ.get("PYTHONPATH", "")]))
