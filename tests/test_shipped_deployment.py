@@ -141,10 +141,8 @@ def test_speculation_pays_in_target_calls_where_the_text_repeats_its_input(serve
     brings the end token): the controller makes at most 1 / GROUNDED_TOKENS_PER_CALL of those calls, for
     target-only's tokens (the pool's, cut to this length: greedy answers are prefixes of longer ones)."""
     spec, n = _client(server), MAX_TOKENS // 2
-    tokens = calls = 0
-    for i, prompt in enumerate(GROUNDED):
-        got = spec.generate(prompt, n, stream=True)
-        assert got.token_ids == _baseline(in_flight, i).token_ids[:n]
-        tokens, calls = tokens + len(got.token_ids), calls + got.stats.num_iterations
+    gens = [spec.generate(prompt, n, stream=True) for prompt in GROUNDED]
+    tokens, calls = sum(len(g.token_ids) for g in gens), sum(g.stats.num_iterations for g in gens)
     print(f"grounded, one at a time: {tokens} tokens in {calls} target calls ({tokens / calls:.2f} per call)")
     assert tokens / calls >= GROUNDED_TOKENS_PER_CALL, (tokens, calls)
+    assert [g.token_ids for g in gens] == [_baseline(in_flight, i).token_ids[:n] for i in range(len(GROUNDED))]
