@@ -213,9 +213,11 @@ def test_greedy_identical_alone_and_concurrent(server, baseline):
 
 @pytest.mark.slow
 def test_response_reports_acceptance(server):
-    s = _client(server).generate(PROMPTS[0], MAX_TOKENS, num_draft_tokens=3).stats
+    g = _client(server).generate(PROMPTS[0], MAX_TOKENS, num_draft_tokens=3)
+    s = g.stats
     assert s.total_draft_tokens > 0
     assert s.acceptance_rate == pytest.approx(s.total_accepted_draft_tokens / s.total_draft_tokens, abs=1e-6)
-    assert s.accepted_per_position[0] >= s.accepted_per_position[1] >= s.accepted_per_position[2]
+    # each target call adds its accepted drafts and one token of its own; the last call's may be cut (max_tokens, end)
+    assert 0 <= s.num_iterations + s.total_accepted_draft_tokens - len(g.token_ids) <= 3 + 1
     assert sum(s.accepted_per_position) == s.total_accepted_draft_tokens
     assert s.accepted_by_source[0] == s.total_accepted_draft_tokens  # "model": the deployment's drafter
