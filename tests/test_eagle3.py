@@ -213,11 +213,12 @@ def test_greedy_identical_alone_and_concurrent(server, baseline):
 
 @pytest.mark.slow
 def test_response_reports_acceptance(server):
-    g = _client(server).generate(PROMPTS[0], MAX_TOKENS, num_draft_tokens=3)
+    g = _client(server).generate(PROMPTS[0], MAX_TOKENS, stream=True, num_draft_tokens=3)
     s = g.stats
     assert s.total_draft_tokens > 0
     assert s.acceptance_rate == pytest.approx(s.total_accepted_draft_tokens / s.total_draft_tokens, abs=1e-6)
-    # each target call adds its accepted drafts and one token of its own; the last call's may be cut (max_tokens, end)
-    assert 0 <= s.num_iterations + s.total_accepted_draft_tokens - len(g.token_ids) <= 3 + 1
+    # a chunk per target call: its accepted drafts and one token of its own (the last may stop short)
+    calls = [(0, 0, 0)] + [(c.stats.num_iterations, c.stats.total_accepted_draft_tokens, len(c.token_ids)) for c in g.chunks]
+    assert all((i - pi, n) == (1, a - pa + 1) for (pi, pa, _), (i, a, n) in zip(calls[:-2], calls[1:-1])), calls
     assert sum(s.accepted_per_position) == s.total_accepted_draft_tokens
     assert s.accepted_by_source[0] == s.total_accepted_draft_tokens  # "model": the deployment's drafter
