@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 256
 IN_FLIGHT = 8
 # Tokens per target call the controller must reach on GROUNDED, one request at a time, streamed (target-only: 1.0).
-# Measured 2026-11-27 on AMD EPYC Zen 4, 2 cores shared with other jobs (load 7-12): 1.91 and 1.97 in two runs
+# Measured 2026-11-27 on AMD EPYC Zen 4, 2 cores shared with other jobs (load 7-12): 1.91, 1.97 and 2.01 in three runs
 # (docs/benchmarks/ci.md); the margin is for the controller's choices, which follow measured costs and so the load.
 GROUNDED_TOKENS_PER_CALL = 1.6
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
