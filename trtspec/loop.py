@@ -300,21 +300,24 @@ class SpeculativeLoop:
             load = self.in_flight()
             plan = planner.plan(load, seq, propose)
             proposal, draft_s, draft_failed = Proposal(plan.tokens or []), None, False
+            batch = [1]
             if plan.calls_draft_model:
                 t0 = time.perf_counter()
-                try:
-                    proposal = drafters[plan.source].propose(
-                        seq, plan.k, req.use_draft_logits and SOURCES[plan.source].gives_logits)
-                except EngineCallError:
-                    draft_failed = True
+                with self.estimates.draft_call() as batch:
+                    try:
+                        proposal = drafters[plan.source].propose(
+                            seq, plan.k, req.use_draft_logits and SOURCES[plan.source].gives_logits)
+                    except EngineCallError:
+                        draft_failed = True
                 draft_s = time.perf_counter() - t0
             draft = proposal.tokens
             remaining = req.max_tokens - len(generated)
             t0 = time.perf_counter()
-            new, log_probs, top = self._verify(
-                seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), bool(req.return_log_probs),
-                in_target, plan.next_k, req.top_log_probs or 0, req.temperature, plan.plain,
-            )
+            with self.estimates.target_call(1 + len(draft)) as step:  # a step's tokens: a plain run's is 1
+                new, log_probs, top = self._verify(
+                    seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), bool(req.return_log_probs),
+                    in_target, plan.next_k, req.top_log_probs or 0, req.temperature, plan.plain,
+                )
             verify_s = time.perf_counter() - t0
             raw = list(new)
             accepted = next((i for i, (a, b) in enumerate(zip(draft, new)) if a != b), min(len(draft), len(new)))
@@ -331,7 +334,8 @@ class SpeculativeLoop:
             before = list(generated)
             generated += new
             seq += new
-            planner.outcome(plan, load, draft, raw, verify_s, draft_s, seq, len(new), propose, draft_failed)
+            planner.outcome(plan, load, draft, raw, verify_s, draft_s, seq, len(new), propose, draft_failed, batch[0],
+                            step[0])
             yield Step(new, before, planner.stats, final=done,
                        log_probs=None if log_probs is None else log_probs[: len(new)],
                        top=None if top is None else top.head(len(new)))

@@ -154,11 +154,15 @@ class Planner:
         added: int,
         propose: Propose,
         draft_failed: bool = False,
+        draft_batch: int = 1,
+        step_tokens: int | None = None,
     ) -> int:
         """What iteration `plan` did: `draft` the tokens verified, `new` the target's answer as it came (before any
         cut for stops or max_tokens), the calls' seconds (`draft_s`: the draft model's call, None without one),
-        `seq` the running sequence after the iteration, of which the last `added` tokens are its own. Returns how
-        many draft tokens were accepted."""
+        `seq` the running sequence after the iteration, of which the last `added` tokens are its own;
+        `draft_batch`: the requests that were in draft-model calls together with its own, `step_tokens` the
+        tokens that were in target calls together with its own (None: unknown). Returns how many draft
+        tokens were accepted."""
         if draft_failed:
             # a missing or failing drafter must not fail the request: it goes on without it
             self.failed.add(plan.source)
@@ -180,7 +184,8 @@ class Planner:
             draft_s = 0.0  # a proposal that needed no engine call (the target's own drafter's came with its answer)
         # a plain run's cost per step: what a plain step costs where it is not a call of its own
         self.controller.record(load, plan.key if used else None, len(draft), accepted,
-                               verify_s / plain if clean else None, draft_s if used else None, plan.missed, plain)
+                               verify_s / plain if clean else None, draft_s if used else None, plan.missed, plain,
+                               draft_batch, verify_s + (draft_s or 0.0), step_tokens if clean else None)
         if self.stretch is not None:  # a probe that failed does not end a stretch
             self.stretch = 0 if draft and (accepted or not plan.probe) else self.stretch + 1
         if used is not None and SOURCES[used].needs_draft_model:
