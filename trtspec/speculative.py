@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -189,6 +189,7 @@ ALONE = 1  # the load at which a request's own call time is the whole step's
 MAX_STEP_TOKENS = 4096  # tokens in one target step, as a cost-table key (more count as this many)
 SHARED_MARGIN = 0.03  # the least gain, at a shared load, for which the deployment drafts
 PROBE_SHARE = 0.05  # the most of the deployment's time a source's probes may cost it (their draft calls)
+MAX_PROBE_BACKOFF = 4.0  # failed probes space the next ones out, up to this many times
 
 
 def _layout() -> dict[str, tuple[int, ...]]:
@@ -205,6 +206,7 @@ def _layout() -> dict[str, tuple[int, ...]]:
         "step_s": (MAX_STEP_TOKENS + 1,),  # seconds of a target step by the tokens in it (calls at 2+ in flight)
         "step_n": (MAX_STEP_TOKENS + 1,),
         "stepping": (1,),  # tokens in target calls now
+        "costs_version": (1,),  # changes with every cost sample (what Estimates.memo keeps is valid until then)
         "clock": (1,),  # the deployment's time: every call's seconds shared by the requests in flight
         "drafting": (2,),  # requests in draft-model calls now, and the tokens those calls catch up on
         "last_drafted": (s,),  # the clock when source s last drafted, or its acceptance was learnt otherwise
@@ -232,6 +234,16 @@ class Estimates:
 
     def locked(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
+
+    def memo(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """`compute()`, kept until the measured costs change (`costs_version`): every request of a step prices the
+        same costs, and pricing them is most of a decision's time."""
+        version = float(self.costs_version[0])
+        if getattr(self, "_memo_version", None) != version:
+            self._memo, self._memo_version = {}, version
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     @contextlib.contextmanager
     def draft_call(self, missed: int = 0) -> Iterator[list[int]]:
@@ -398,6 +410,9 @@ class GoodputController:
         return [out[0]] + [max(c, out[0]) for c in out[1:]]
 
     def token_cost(self, load: int, kmax: int) -> float:
+        return self.est.memo(('token_cost', load, kmax), lambda: self._token_cost(load, kmax))
+
+    def _token_cost(self, load: int, kmax: int) -> float:
         """Seconds one more token adds to a target step at `load` in flight, where its draft rows would take it (from
         `load` to load * (1 + kmax) tokens): the slope of the steps measured by the tokens in them, through the
         measured steps between half the load's tokens and the most a drafting batch would hold (least squares).
@@ -411,6 +426,9 @@ class GoodputController:
         return max(float(x @ y) / float(x @ x), 0.0)
 
     def batch_steps(self, load: int, kmax: int) -> list[float] | None:
+        return self.est.memo(('batch_steps', load, kmax), lambda: self._batch_steps(load, kmax))
+
+    def _batch_steps(self, load: int, kmax: int) -> list[float] | None:
         """Seconds of the target's step with every one of `load` requests in it verifying k = 0..kmax drafts (load *
         (1 + k) tokens), on the line through the steps measured by the tokens in them near there; None where fewer
         than two token counts were measured near, or alone (a step's own curve: verify_costs). This is what drafting
@@ -451,6 +469,9 @@ class GoodputController:
         return rows if load_key(load) == ALONE else [max(r, per_row * k) for k, r in enumerate(rows)]
 
     def verify_costs(self, kmax: int, load: int) -> list[float] | None:
+        return self.est.memo(('verify_costs', kmax, load), lambda: self._verify_costs(kmax, load))
+
+    def _verify_costs(self, kmax: int, load: int) -> list[float] | None:
         """Seconds of a target call verifying k = 0..kmax drafts at `load` in flight: the plain step measured at the
         nearest load, plus what the draft rows add to a step (row_costs), or more where alone measured more."""
         means, counts, n = self.est.verify_s, self.est.verify_n, load_key(load)
@@ -486,6 +507,9 @@ class GoodputController:
         return None, None
 
     def plain_step(self, load: int) -> float | None:
+        return self.est.memo(('plain_step', load), lambda: self._plain_step(load))
+
+    def _plain_step(self, load: int) -> float | None:
         """Seconds of a plain target step measured at the load nearest `load` (None: none measured)."""
         loads = np.flatnonzero(self.est.verify_n[0])
         if loads.size == 0:
@@ -501,6 +525,9 @@ class GoodputController:
         return value * a / b if a and b else value
 
     def draft_rates(self, batch: int) -> tuple[float, float] | None:
+        return self.est.memo(('draft_rates', batch), lambda: self._draft_rates(batch))
+
+    def _draft_rates(self, batch: int) -> tuple[float, float] | None:
         """(seconds per drafted token, per caught-up token) of a draft-model call with `batch` requests in it, from
         the fit at the nearest measured batch; where that cannot tell drafting from catching up, the drafting rate
         of the nearest batch that can, and the rest of its calls' time caught up; None: no draft call measured."""
@@ -673,7 +700,7 @@ class GoodputController:
                 with est.locked():
                     est.last_drafted[si] = est.clock[0]
                     if _needs_draft_model(source):  # prompt lookup's probes cost a verify row, no engine step
-                        est.probe_backoff[si] = min(2.0 * max(1.0, float(est.probe_backoff[si])), 8.0)
+                        est.probe_backoff[si] = min(2.0 * max(1.0, float(est.probe_backoff[si])), MAX_PROBE_BACKOFF)
                 return Choice(source, self._probe_len(source, cap), probe=True)
         return best
 
@@ -705,6 +732,7 @@ class GoodputController:
             est.clock[0] += elapsed_s / n
             if source is not None and proposed:
                 est.last_drafted[ESTIMATE_KEYS.index(source)] = est.clock[0]
+            est.costs_version[0] += verify_s is not None or (draft_s is not None and source is not None)
             if verify_s is not None:
                 _mean_update(est.verify_s, est.verify_n, (proposed, n), verify_s, st.cost_smoothing)
                 if step_tokens and n != ALONE:  # alone, the (k, load) curve is the step's own

@@ -320,7 +320,7 @@ def run_matrix(
 ) -> list[Cell]:
     """Every (concurrency, profile) cell: target-only, each fixed k and the controller (at most controller_k).
     A concurrency is a number of requests in flight, or "ramp:N" (1 -> N -> 1). Each cell runs at least
-    `requests` requests, and three times its concurrency, so that requests arrive and leave throughout."""
+    `requests` requests, and twice its concurrency, so that requests arrive and leave throughout."""
     policies = [Policy.parse("target-only"), *(Policy.parse(str(k)) for k in fixed_k if k),
                 Policy.parse(f"controller:{controller_k}")]
     cells = []
@@ -330,7 +330,7 @@ def run_matrix(
             peak = int(text.split(":", 1)[1])
             schedule, n_requests = ramp(peak), max(requests, 6 * peak)
         else:
-            schedule, n_requests = constant(int(text)), max(requests, 3 * int(text))
+            schedule, n_requests = constant(int(text)), max(requests, 2 * int(text))
         for name in profiles:
             results = {}
             for policy in policies:

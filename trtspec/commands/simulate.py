@@ -49,7 +49,7 @@ Examples:
 @click.option("--max-draft", type=click.IntRange(1, 64), default=4, show_default=True,
               help="The controller's cap (num_draft_tokens).")
 @click.option("--requests", type=click.IntRange(1), default=48, show_default=True,
-              help="Requests per cell (at least 3x the concurrency).")
+              help="Requests per cell (at least 2x the concurrency).")
 @click.option("--max-tokens", type=click.IntRange(2), default=96, show_default=True,
               help="Mean tokens a request generates (each draws 0.5-1.5x).")
 @click.option("--prompt", type=click.IntRange(1), default=256, show_default=True, help="Prompt tokens.")
