@@ -78,8 +78,8 @@ class Planner:
         self.stretch: int | None = 0 if self.sources and self.policy.num_draft_tokens else None
         self.runs = not self.policy.stream and not self.in_target
         self.unverified: list[tuple[str, int, list[int]]] = []  # free proposals not drafted: (key, len(seq), tokens)
-        # a probe of the draft model that caught it up: the next iteration drafts once more, a call without catch-up
-        # (what drafting costs once it goes on; a call that catches up cannot tell its parts apart)
+        # a probe of the draft model that caught it up and was accepted: the next iteration drafts once more, a call
+        # without catch-up (what drafting costs once it goes on; a call that catches up cannot tell its parts apart)
         self.follow_up: Plan | None = None
 
     @classmethod
@@ -199,7 +199,7 @@ class Planner:
             self.stretch = 0 if draft and (accepted or not plan.probe) else self.stretch + 1
         if used is not None and SOURCES[used].needs_draft_model:
             self.draft_seen = before + min(accepted, len(draft) - 1)
-            if plan.probe and plan.calls_draft_model and plan.missed > 2:
+            if plan.probe and plan.calls_draft_model and plan.missed > 2 and accepted:
                 self.follow_up = plan
         self.stats.record(len(draft), accepted, used)
         if self.policy.adaptive and plain > 1:
