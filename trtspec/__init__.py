@@ -2,9 +2,9 @@
 
 import os as _os
 
-# Must happen before torch loads libgomp. With the default, spinning OpenMP threads collapse torch's CPU
-# throughput as soon as processes share cores (draft and target stubs, a benchmark client): measured
-# here at 2.9 s instead of 0.14 s per decode step of the demo target. A user's explicit setting wins.
+# Must happen before torch loads libgomp. With the default, OpenMP threads spin while they wait, and as soon as
+# processes share cores (draft and target stubs, a benchmark client) they take each other's cores: a decode step
+# becomes many times slower (docs/benchmarks/engine.md). A user's explicit setting wins.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"

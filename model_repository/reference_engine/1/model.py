@@ -25,6 +25,7 @@ class TritonPythonModel:
     So a request joins the running batch at the next step, whoever sent it, as on TensorRT-LLM's executor."""
 
     def initialize(self, args):
+        io.log_to_server_log()
         params = io.model_parameters(args)
         threads = int(os.environ.get("TRTSPEC_TORCH_THREADS", "0"))
         if threads > 0:  # several servers or models sharing few cores: oversubscribed OpenMP is very slow
