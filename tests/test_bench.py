@@ -441,7 +441,7 @@ STAT_FIELDS = set(st.STAT_KEYS)
 TOP_FIELDS = {"schema_version", "tool", "trtspec_version", "started_at", "duration_s", "settings", "prompts", "cells",
               "summary", "metrics_check", "profile", "requests", "files"}
 SETTINGS_FIELDS = {"url", "protocol", "metrics_url", "max_tokens", "concurrency", "draft_tokens", "draft_source",
-                   "draft_length_policy", "k0_on_ensemble", "fixed_k", "requests_per_cell", "warmup_per_cell", "rounds", "profile"}
+                   "draft_length_policy", "deployment_draft_length_policy", "k0_on_ensemble", "fixed_k", "requests_per_cell", "warmup_per_cell", "rounds", "profile"}
 CELL_FIELDS = {"label", "concurrency", "num_draft_tokens", "endpoint", "speculative", "num_requests", "num_ok",
                "num_errors", "num_warmup", "errors", "wall_s", "rounds", "output_tokens", "output_tokens_per_s",
                "requests_per_s", "ended_early", "output_tokens_per_request", "ttft_s", "itl_token_s", "itl_chunk_s",
@@ -737,6 +737,7 @@ def test_plot_legends_name_the_policy(tmp_path, monkeypatch):
     assert not any(label.startswith("k=") for labels in legends.values() for label in labels), legends
     # cells that left the policy to the deployment say so, rather than pass for a fixed k
     cell = {"endpoint": ENSEMBLE, "num_draft_tokens": 3, "draft_length_policy": None}
+    assert series_label(cell, "adaptive") == "controller, k <= 3"
     assert series_label(cell) == "k = 3, the deployment's policy"
 
 
@@ -763,3 +764,6 @@ def test_table_written_to_a_pipe_is_whole(server, tmp_path):
     for name in ("tok/s", "speedup", "vs best", "fixed k", "TTFT", "ITL", "E2E", "accept", "call"):
         assert name in header, header
     assert "…" not in out.stdout, out.stdout
+    # the deployment's own policy, read from its config, names the cells that send none (conftest: fixed)
+    settings = json.loads((tmp_path / "bench" / "results.json").read_text())["settings"]
+    assert settings["deployment_draft_length_policy"] == "fixed"

@@ -262,6 +262,7 @@ def build_results(run: BenchRun) -> dict[str, Any]:
             "fixed_k": sorted(set(s.fixed_k)),
             "draft_source": s.draft_source,
             "draft_length_policy": s.draft_length_policy,
+            "deployment_draft_length_policy": s.deployment_policy,
             "requests_per_cell": s.requests_per_cell,
             "warmup_per_cell": s.warmup,
             "rounds": s.rounds,
@@ -394,10 +395,11 @@ def _write_profile(run: BenchRun, out: Path) -> tuple[dict[str, Any], dict[str, 
 # ------------------------------------------------------------------------------------------------ plots
 
 
-def series_label(cell: dict[str, Any]) -> str:
+def series_label(cell: dict[str, Any], deployment_policy: str | None = None) -> str:
     """A cell's line in the plots, named by what chose its draft length: under adaptive the controller picks k each
-    iteration up to the cell's k, so "k=3" would read as a fixed k = 3."""
-    k, policy = cell["num_draft_tokens"], cell.get("draft_length_policy")
+    iteration up to the cell's k, so "k=3" would read as a fixed k = 3. A cell that sent no policy runs under the
+    deployment's (`deployment_policy`, where the bench could read it)."""
+    k, policy = cell["num_draft_tokens"], cell.get("draft_length_policy") or deployment_policy
     if cell["endpoint"] == BASELINE:
         return "baseline (target only)"
     if k == 0:
@@ -409,7 +411,7 @@ def series_label(cell: dict[str, Any]) -> str:
     return f"k = {k}, the deployment's policy"
 
 
-def _series(cells: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def _series(cells: list[dict[str, Any]], deployment_policy: str | None) -> dict[str, list[dict[str, Any]]]:
     """Cells by plot line (series_label), baseline first, then by k, fixed before the controller; each line's
     cells by concurrency."""
     def order(c: dict[str, Any]) -> tuple:
@@ -417,7 +419,7 @@ def _series(cells: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
     out: dict[str, list[dict[str, Any]]] = {}
     for c in sorted(cells, key=lambda c: (order(c), c["concurrency"])):
-        out.setdefault(series_label(c), []).append(c)
+        out.setdefault(series_label(c, deployment_policy), []).append(c)
     return out
 
 
@@ -430,12 +432,13 @@ def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
     files: dict[str, str] = {}
     cells = results["cells"]
     n_cell = results["settings"]["requests_per_cell"]
+    policy = results["settings"].get("deployment_draft_length_policy")  # older results.json: absent
 
     # 1. speedup over concurrency, one line per k and policy
     spec = [c for c in cells if c["speedup"] is not None]
     if spec:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label, mine in _series(spec).items():
+        for label, mine in _series(spec, policy).items():
             pts = [(c["concurrency"], c["speedup"]["output_tokens_per_s"], c["num_ok"],
                     c["speedup"]["baseline_num_requests"]) for c in mine
                    if c["speedup"]["output_tokens_per_s"] is not None]
@@ -463,7 +466,7 @@ def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
     concs = sorted({c["concurrency"] for c in cells})
     if len(concs) > 1:
         fig, (total_ax, user_ax) = plt.subplots(1, 2, figsize=(11, 4.5))
-        for label, mine in _series(cells).items():
+        for label, mine in _series(cells, policy).items():
             baseline = mine[0]["endpoint"] == BASELINE
             style = {"color": "black", "linestyle": "--"} if baseline else {}
             for ax, value in ((total_ax, lambda c: c["output_tokens_per_s"]),
@@ -490,7 +493,7 @@ def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
 
     # 3. acceptance per position, one line per k and policy (pooled over concurrency levels)
     by_series: dict[str, dict[str, Any]] = {}
-    for label, mine in _series([c for c in cells if c["speculative"] and c["acceptance"]]).items():
+    for label, mine in _series([c for c in cells if c["speculative"] and c["acceptance"]], policy).items():
         agg = by_series[label] = {"acc": {}, "prop": {}, "n": sum(c["num_ok"] for c in mine)}
         for p in (p for c in mine for p in c["acceptance"]["per_position"]):
             agg["acc"][p["position"]] = agg["acc"].get(p["position"], 0) + p["accepted"]
@@ -550,7 +553,7 @@ def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
     if chosen:
         fig, (mean_ax, off_ax) = plt.subplots(1, 2, figsize=(11, 4.5))
         concs = sorted({c["concurrency"] for c in cells})
-        for label, mine in _series(chosen).items():
+        for label, mine in _series(chosen, policy).items():
             xs = [c["concurrency"] for c in mine]
             mean_ax.plot(xs, [c["k_chosen"]["mean"] for c in mine], marker="o", label=label)
             off_ax.plot(xs, [c["k_chosen"]["k0_fraction"] for c in mine], marker="o", label=label)
