@@ -22,6 +22,7 @@ def test_v1_paths_need_one_of_the_keys() -> None:
     client = _app("k1", "k2")
     assert client.get("/v1/models", headers={"Authorization": "Bearer k1"}).status_code == 200
     assert client.get("/v1/models", headers={"Authorization": "bearer k2"}).status_code == 200  # scheme: any case
+    assert _app("schlüssel").get("/v1/models", headers={"Authorization": "Bearer schlüssel".encode()}).status_code == 200
     for headers in ({}, {"Authorization": "Bearer k3"}, {"Authorization": "Basic k1"}, {"Authorization": "Bearer "}):
         r = client.get("/v1/models", headers=headers)
         assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"

@@ -22,15 +22,16 @@ Scope = dict[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 
 
-def _bearer(scope: Scope) -> str | None:
+def _bearer(scope: Scope) -> bytes | None:
+    """The bearer token as sent (bytes: a key is compared byte for byte, whatever its characters)."""
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            return token.strip() if scheme.lower() == "bearer" else None
+            scheme, _, token = value.partition(b" ")
+            return token.strip() if scheme.lower() == b"bearer" else None
     return None
 
 
-def _unauthorized(token: str | None) -> JSONResponse:
+def _unauthorized(token: bytes | None) -> JSONResponse:
     """OpenAI's own answer to a missing or wrong key: 401, code invalid_api_key."""
     if token is None:
         message = ("You didn't provide an API key. You need to provide your API key in an Authorization header "
@@ -51,9 +52,9 @@ class RequireAPIKey:
         if not self.keys:
             raise ValueError("RequireAPIKey needs at least one non-empty key")
 
-    def _allowed(self, token: str | None) -> bool:
+    def _allowed(self, token: bytes | None) -> bool:
         # compare_digest against every key: the time taken says nothing about which key nearly matched
-        return token is not None and sum(hmac.compare_digest(token.encode(), k) for k in self.keys) > 0
+        return token is not None and sum(hmac.compare_digest(token, k) for k in self.keys) > 0
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if (scope["type"] != "http" or scope.get("method") == "OPTIONS"
