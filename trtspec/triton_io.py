@@ -6,8 +6,6 @@ can be unit-tested without a server.
 
 from __future__ import annotations
 
-import logging
-import sys
 from typing import Any
 
 import numpy as np
@@ -18,17 +16,6 @@ from trtspec.contract import RequestError  # noqa: F401  (re-exported: the model
 # Error messages of bad requests start with this, so that a frontend (the OpenAI server) can tell the client's
 # mistakes (HTTP 400) from failures of the deployment (500): Triton's streamed errors carry only a message.
 BAD_REQUEST = "bad request: "
-
-
-def log_to_server_log(level: int = logging.INFO) -> None:
-    """trtspec's log records in this model's process go to its stderr, which Triton writes into the server log
-    (the reference engine says there which precision and kernels it runs on)."""
-    logger = logging.getLogger("trtspec")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(level)
 
 
 def bad_request(pb_utils: Any, error: Exception) -> Any:

@@ -54,11 +54,13 @@ def command(checkpoint: str, dtypes: str, threads: int | None, context: int, rep
 
     import torch
 
+    from trtspec import log_to_stderr
     from trtspec.demo_pair import resolve_checkpoint
     from trtspec.reference_engine import ReferenceEngine
     from trtspec.reference_engine.device import CPU_THREADS_PER_ENGINE, pick_device
     from trtspec.reference_engine.limits import measure, report
 
+    log_to_stderr()  # the engine's precision and kernels, beside the figures
     device = pick_device(device)
     if device == "cuda" and not torch.cuda.is_available():
         raise click.UsageError("--device cuda: torch sees no CUDA GPU here; use --device cpu (or auto)")
