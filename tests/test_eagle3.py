@@ -176,7 +176,7 @@ def server(tmp_path_factory):
             "device": "cpu",
             "target": {"checkpoint": "demo:target", "dtype": "float32"},
             "draft": {"checkpoint": "demo:eagle3", "dtype": "float32"},
-            "speculative": {"method": "eagle3", "max_draft_len": 8, "num_draft_tokens": 3},
+            "speculative": {"method": "eagle3", "max_draft_len": 8, "num_draft_tokens": 3, "draft_length_policy": "fixed"},
             "limits": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 320},
             "triton": {"speculative_instance_count": 2},
         }

@@ -142,9 +142,11 @@ class SpeculativeConfig(_Strict):
     num_draft_tokens: Annotated[int, Field(ge=0, le=64, description="a request's draft length k when it asks for none (fixed: every iteration; adaptive: the most the controller picks); default: 4, or max_draft_len if smaller")] = 4
     use_draft_logits: bool = Field(default=False, description="with sampling: rejection sampling against the draft's distribution (false: token comparison)")
     draft_length_policy: Literal[DRAFT_LENGTH_POLICIES] = Field(  # type: ignore[valid-type]
-        default="fixed",
+        default="adaptive",
         description="adaptive: the goodput controller picks k (0 included) and the source each iteration from measured "
-        "acceptance and costs; fixed: always num_draft_tokens (for measuring a given k)",
+        "acceptance and costs, so drafting that does not pay at the current load steps aside (the default, so that a "
+        "config does not speculate itself slower than target-only); fixed: always num_draft_tokens (for measuring a "
+        "given k)",
     )
     adaptive: AdaptivePolicy = Field(default=AdaptivePolicy(), description="the controller's settings")
     draft_source: Literal[tuple(SELECTIONS)] = Field(  # type: ignore[valid-type]

@@ -104,7 +104,7 @@ def apply_schedule(doc: Mapping[str, Any], schedule: Mapping[int, int]) -> Tuned
         spec["num_draft_tokens"] = top
         if spec.pop("max_concurrency", None) is not None:
             notes.append("speculative.max_concurrency removed: the schedule's bands decide where drafting stops")
-        if spec.get("draft_length_policy") == "adaptive":
+        if spec.get("draft_length_policy", _default("draft_length_policy")) == "adaptive":
             notes.append("speculative.draft_length_policy is adaptive: the schedule caps the k it chooses")
         return Tuned(new, schedule, "speculative", notes)
 

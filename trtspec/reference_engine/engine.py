@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
+import logging
 import time
 import warnings
 from pathlib import Path
@@ -33,22 +33,23 @@ from trtspec.speculative import (
     verify_rejection,
 )
 
+log = logging.getLogger("trtspec.reference_engine")
+
 
 def lm_head_product(model: torch.nn.Module, kernels: dict | None = None) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """hidden rows [n, hidden] -> logits [n, vocab] for all of a step's rows at once, where the LM head is a plain
     linear map (no bias, softcapping or logit scaling); None: the model's own head does it.
 
-    The head (49,152 x 576 for the demo target, tied to the embedding) is the largest single product of a step,
-    and how it is stored decides what a verify or a batch costs (AVX2 Zen 3, 1 thread, docs/benchmarks/engine.md):
-    * column-major (tune_for_cpu, one torch thread): MKL's 1-row product reads it at ~2x the row-major speed
-      (5.3 against 9.6 ms), but 5 rows cost 35 ms (6.7x). So the decoder's kernel choice applies to the head too:
-      PackedLinear keeps the 1-row product on this weight and gives 2+ rows oneDNN's packed copy (11.8 ms at
-      5 rows; +113 MB for the demo target);
+    The head (vocabulary x hidden, often tied to the embedding) is the largest single product of a step, and how
+    it is stored decides what a verify or a batch costs (figures: docs/benchmarks/engine.md):
+    * column-major (tune_for_cpu, one torch thread): MKL's 1-row product reads it fastest, but its few-row
+      products are many times dearer than one row. So the decoder's kernel choice applies to the head too:
+      PackedLinear keeps the 1-row product on this weight and gives 2+ rows oneDNN's packed copy (a second copy
+      of the head in memory);
     * row-major (as loaded, more threads): head @ hidden^T, which MKL streams once for all the rows (the usual
       hidden @ head^T packs the whole head for every multi-row call);
     * with compiled kernels (device.LINEAR_KERNELS "compiled"): the head's own compiled kernel at every row
-      count (+113 MB, its blocked copy; a 1-row product ~1 ms dearer than MKL's, 2+ rows cheaper than
-      oneDNN's, and a row's logits bitwise the same at any row count)."""
+      count (its blocked copy in memory; a row's logits bitwise the same at any row count)."""
     head = model.get_output_embeddings()
     config = model.config
     plain = isinstance(head, torch.nn.Linear) and head.bias is None and not any(
@@ -89,7 +90,7 @@ class ReferenceEngine:
         self.precision = choose_precision(dtype, self.device)
         if self.precision.warning:
             warnings.warn(f"{checkpoint}: {self.precision.warning}", stacklevel=2)
-        print(f"trtspec reference engine: {checkpoint}: {self.precision.dtype} on {self.device} ({self.precision.reason})", file=sys.stderr, flush=True)
+        log.info("%s: %s on %s (%s)", checkpoint, self.precision.dtype, self.device, self.precision.reason)
         self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=_DTYPES[self.precision.dtype]).to(self.device)
         self.model.eval()
         register_attention()

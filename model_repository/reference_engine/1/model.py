@@ -12,6 +12,7 @@ import time
 import triton_python_backend_utils as pb_utils
 
 # importing trtspec sets OMP_WAIT_POLICY=PASSIVE before torch loads (see trtspec/__init__.py)
+from trtspec import log_to_stderr
 from trtspec import triton_io as io
 from trtspec.batching import BatchScheduler, QueueFull
 from trtspec.metrics import EngineGauges
@@ -25,6 +26,7 @@ class TritonPythonModel:
     So a request joins the running batch at the next step, whoever sent it, as on TensorRT-LLM's executor."""
 
     def initialize(self, args):
+        log_to_stderr()  # into the server log
         params = io.model_parameters(args)
         threads = int(os.environ.get("TRTSPEC_TORCH_THREADS", "0"))
         if threads > 0:  # several servers or models sharing few cores: oversubscribed OpenMP is very slow
