@@ -366,12 +366,11 @@ class SpeculativeLoop:
             draft = proposal.tokens
             stats.load_paused_iterations += bool(lookup_only and k and not draft)  # the model would have drafted
             # The target's own drafter (EAGLE-3) drafts for the next call as asked: the k the controller would
-            # draft next. Through a k = 0 stretch it is asked for one token: that keeps its cache current (and
-            # its first position's acceptance learnt, scored above), where asking for none would make the first
-            # call after the stretch recompute every position it missed.
+            # draft next. Through a k = 0 stretch it is asked for none, so the target does no head work; the first
+            # call that asks again has the engine catch the head up on every position it missed.
             next_k = 0
             if in_target is not None and k:
-                next_k = k if not adaptive else max(1, controller.next_draft_len("model", k, load))
+                next_k = k if not adaptive else controller.next_draft_len("model", k, load)
             clean = bool(stats.num_iterations)  # the request's first call carries its prompt's prefill
             if in_target is not None:
                 # a call's time includes the drafting it asks for: a clean sample of its k only where that
