@@ -83,6 +83,41 @@ def test_a_head_for_another_target_is_refused_by_field():
         eagle3.check_against_target(cfg, SimpleNamespace(num_hidden_layers=16, hidden_size=576, vocab_size=VOCAB_SIZE), "head")
 
 
+def _overlap_audit():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "eagle3_prompt_overlap.py"
+    spec = importlib.util.spec_from_file_location("eagle3_prompt_overlap", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_heldout_prompts_are_in_no_prompt_set_and_not_in_training():
+    """The held-out evaluation set shares no text, topic or instruction form with the head's training prompts
+    (rebuilt exactly: provenance.json's counts) and appears in no prompt set the bench, the demo or the tests send;
+    provenance.json records the overlap of those sets with training as it is."""
+    audit_mod = _overlap_audit()
+    train = audit_mod.training_prompts()
+    prov = json.loads((EAGLE3_ASSET_DIR / "provenance.json").read_text())
+    kinds = {k: sum(t["kind"] == k for t in train) for k in ("chat", "plain")}
+    assert kinds == prov["data"]["by_kind"]  # the rebuild is the data the head was trained on
+    audit = audit_mod.audit()
+    held = audit["sets"]["heldout"]
+    assert held["prompts"] >= 8
+    assert not any(held[k] for k in ("exact_training_prompt", "sharing_a_training_topic", "in_a_training_form",
+                                     "sharing_4_words_with_a_training_form"))
+    heldout = set(audit_mod.heldout_prompts())
+    for name, texts in audit_mod.project_prompts().items():
+        assert not heldout & set(texts), name
+    recorded = prov["prompt_overlap"]["sets"]
+    for name, got in audit["sets"].items():
+        for key in ("exact_training_prompt", "sharing_a_training_topic", "in_a_training_form",
+                    "sharing_4_words_with_a_training_form"):
+            assert len(recorded[name][key]) == len(got[key]), (name, key)
+
+
 def _one_model_loop(engine, prompt: list[int], n: int, k: int) -> tuple[list[int], int, int]:
     """Each call verifies the previous answer's next_draft_ids and asks for the next k: (tokens, drafted, accepted)."""
     from trtspec.reference_engine import EngineRequest
