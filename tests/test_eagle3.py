@@ -190,6 +190,28 @@ def test_a_k0_stretch_does_no_head_work_and_the_catch_up_drafts_as_if_it_never_s
     assert seq[len(prompt):][:20] == want
 
 
+def test_a_chunked_prefill_gives_the_head_every_rows_features(demo_pair):
+    """The batcher splits a long prompt into chunks (max_num_tokens): the head still gets the features of every
+    row, in order, and drafts what it drafts after an unchunked prefill."""
+    from transformers import AutoTokenizer
+
+    from trtspec.batching import BatchScheduler
+    from trtspec.reference_engine import EngineRequest, ReferenceEngine
+
+    tok = AutoTokenizer.from_pretrained(demo_pair.target)
+    prompt = tok(PROMPTS[2], add_special_tokens=False)["input_ids"]
+    want = ReferenceEngine(demo_pair.target, device="cpu", eagle3_head=EAGLE3_ASSET_DIR).run(
+        EngineRequest(prompt, 1, next_draft_len=3))
+    engine = ReferenceEngine(demo_pair.target, device="cpu", eagle3_head=EAGLE3_ASSET_DIR)
+    scheduler = BatchScheduler(engine, max_batch_size=2, max_num_tokens=len(prompt) // 3 + 1)
+    try:
+        got = scheduler.submit(EngineRequest(prompt, 1, next_draft_len=3)).result(120)
+    finally:
+        scheduler.close()
+    assert got.tokens == want.tokens and got.next_draft_ids == want.next_draft_ids
+    assert engine.eagle3.work.captured_rows == len(prompt)
+
+
 def _training_script():
     import importlib.util
     from pathlib import Path
