@@ -110,25 +110,18 @@ def command(config: Path, gpus: str | None, output: Path | None) -> None:
 
 
 def draft_length_floor(cfg, installed: str | None) -> list[str]:
-    """What a draft length of 0 does for this config's method on its TensorRT-LLM release, and what trtspec writes
-    for its schedule and max_concurrency because of it (trtspec.llmapi.draft_floor)."""
+    """What a draft length of 0 does for this config's method on its TensorRT-LLM release (trtspec.llmapi.draft_floor;
+    what trtspec writes because of it comes with the preflight notes)."""
     from trtspec.llmapi.draft_floor import explain
     from trtspec.llmapi.fields import pinned_version, version_fields
-    from trtspec.llmapi.model_yaml import ModelYamlError, load_controls
 
     version = cfg.tensorrt_llm_version or installed
     try:
         fields = version_fields(version)
     except KeyError as e:
         return [str(e.args[0])]
-    release = version or f"{pinned_version()} (pinned)"
     two_model = bool(cfg.llmapi and cfg.llmapi.eagle3_two_model)
-    lines = [explain(cfg.speculative.method or "draft_model", fields, release, two_model)]
-    try:
-        lines += load_controls(cfg, version).notes
-    except ModelYamlError as e:
-        lines.append(f"error: {e}")
-    return lines
+    return [explain(cfg.speculative.method or "draft_model", fields, version or f"{pinned_version()} (pinned)", two_model)]
 
 
 def runnable_flavours(trtllm_version: str | None) -> list[str]:
