@@ -242,7 +242,8 @@ def test_controller_does_not_draft_at_load_where_the_draft_model_does_not_pay_th
     assert sum(c.k > 0 and not c.probe for c in choices[50:]) == 0
     assert sum(c.probe for c in choices[50:]) <= 350 // 8 // 2  # probes get rarer as they keep failing
     # the same costs at one in flight, where nobody else waits for the step: 1.28 tokens per 170 ms beats 1 per 150
-    assert [c.k for c in [dep.iterate(ctl, load=1, cap=3) for _ in range(100)][50:]].count(1) >= 40
+    # (whether 1 or 2 tokens: position 2's acceptance is still being learnt, optimistically, from few drafts)
+    assert sum(c.k > 0 for c in [dep.iterate(ctl, load=1, cap=3) for _ in range(100)][50:]) >= 40
 
 
 def test_controller_drafts_at_load_when_the_draft_rows_and_draft_model_are_cheap():
@@ -331,7 +332,7 @@ def test_controller_scales_a_draft_cost_measured_at_lighter_load():
         ctl.record(8, None, 0, 0, 0.120)  # the device is three times as busy at 8 in flight
         ctl.record(1, "model", 2, 1, 0.048, draft_s=0.010)
     assert ctl.draft_cost("model", 2, 1) == pytest.approx(0.010)
-    assert ctl.draft_cost("model", 2, 8) == pytest.approx(0.030)
+    assert ctl.draft_cost("model", 2, 8) == pytest.approx(0.030 / 8)  # a share of the batch's call
 
 
 def test_controller_does_not_probe_on_a_requests_first_call():

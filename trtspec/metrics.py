@@ -18,6 +18,7 @@ import numpy as np
 
 from trtspec.contract import RESPONSE_STATS
 from trtspec.drafters import ESTIMATE_KEYS, SOURCES
+from trtspec.speculative import GoodputController
 
 REQUESTS_COUNTER = "spec_decode_num_requests"
 EMITTED_COUNTER = "spec_decode_num_emitted_tokens"
@@ -267,8 +268,9 @@ CONTROLLER_CATCHUP_GAUGE = "trtspec_controller_catchup_seconds_per_token"
 class ControllerGauges:
     """The goodput controller's current estimates (trtspec.speculative.Estimates, shared by the deployment's loop
     processes) as Triton gauges: why it chose the k it chose. Acceptance per draft position per source (given every
-    earlier position was accepted), and the measured seconds of a verify call and of a draft-model call by draft
-    length and requests in flight, plus the draft model's catch-up prefill per token; only measured entries."""
+    earlier position was accepted), the measured seconds of a verify call by draft length and requests in flight,
+    and a draft-model call's fitted seconds per drafted and per caught-up token by requests in the call; only
+    measured entries."""
 
     MIN_INTERVAL_S = 1.0  # each gauge is a round trip to the server: not after every request
 
@@ -277,8 +279,8 @@ class ControllerGauges:
         docs = {
             CONTROLLER_ACCEPTANCE_GAUGE: "Controller's acceptance estimate by draft source and position",
             CONTROLLER_VERIFY_GAUGE: "Controller's measured verify-call seconds by draft length (0: a plain step) and load",
-            CONTROLLER_DRAFT_GAUGE: "Controller's measured draft-model-call seconds by draft length and load",
-            CONTROLLER_CATCHUP_GAUGE: "Controller's measured draft-model catch-up seconds per missed token by load",
+            CONTROLLER_DRAFT_GAUGE: "Controller's draft-model-call seconds per drafted token, by requests in the call",
+            CONTROLLER_CATCHUP_GAUGE: "Controller's draft-model catch-up seconds per missed token, by requests in the call",
         }
         self._families = {n: pb_utils.MetricFamily(name=n, description=d, kind=kind) for n, d in docs.items()}
         self._labels = {"model": model_name}
@@ -299,17 +301,17 @@ class ControllerGauges:
         self._sent_at = now
         # copies: other requests' threads and processes update the shared estimates while these are read
         reached, accepted = np.array(est.reached), np.array(est.accepted)
-        costs = ((CONTROLLER_VERIFY_GAUGE, np.array(est.verify_s), np.array(est.verify_n)),
-                 (CONTROLLER_DRAFT_GAUGE, np.array(est.draft_s), np.array(est.draft_n)))
-        catchup_s, catchup_n = np.array(est.catchup_s), np.array(est.catchup_n)
+        verify_s, verify_n = np.array(est.verify_s), np.array(est.verify_n)
+        fitted = np.flatnonzero(est.draft_fit_n)
+        rates = {int(b): GoodputController(est, None).draft_rates(int(b)) for b in fitted}
         with TRITON_METRICS_LOCK:
             for si, source in enumerate(ESTIMATE_KEYS):
                 for i in range(positions):
                     if reached[si, i] > 0:
                         self._set(CONTROLLER_ACCEPTANCE_GAUGE, accepted[si, i] / reached[si, i],
                                   source=source, position=str(i))
-            for family, means, counts in costs:
-                for k, load in zip(*np.nonzero(counts)):
-                    self._set(family, means[k, load], draft_len=str(k), load=str(load))
-            for load in np.flatnonzero(catchup_n):
-                self._set(CONTROLLER_CATCHUP_GAUGE, catchup_s[load], load=str(load))
+            for k, load in zip(*np.nonzero(verify_n)):
+                self._set(CONTROLLER_VERIFY_GAUGE, verify_s[k, load], draft_len=str(k), load=str(load))
+            for batch, (per_token, per_missed) in rates.items():
+                self._set(CONTROLLER_DRAFT_GAUGE, per_token, batch=str(batch))
+                self._set(CONTROLLER_CATCHUP_GAUGE, per_missed, batch=str(batch))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -184,8 +184,10 @@ def plain_run(stretch: int | None, remaining: int) -> int:
 # ---------------------------------------------------------------- the goodput controller (policy `adaptive`)
 
 MAX_POSITIONS = 64  # SpeculativeConfig.max_draft_len's bound
-MAX_LOAD = 64  # requests in flight, as a cost-table key (more count as this many)
+MAX_LOAD = 256  # requests in flight (or in one draft call), as a cost-table key (more count as this many)
 ALONE = 1  # the load at which a request's own call time is the whole step's
+MAX_STEP_TOKENS = 4096  # tokens in one target step, as a cost-table key (more count as this many)
+PROBE_SHARE = 0.05  # the most of the deployment's time a source's probes may cost it (their draft calls)
 
 
 def _layout() -> dict[str, tuple[int, ...]]:
@@ -195,12 +197,17 @@ def _layout() -> dict[str, tuple[int, ...]]:
         "accepted": (s, p),  # ... and whose position i was accepted (both decayed: recent drafts weigh more)
         "verify_s": (k, n),  # seconds of a target call verifying k draft tokens at n in flight (k = 0: a plain step)
         "verify_n": (k, n),  # how many calls that mean holds
-        "draft_s": (k, n),  # seconds of a draft-model call proposing k tokens at n in flight, caught up
-        "draft_n": (k, n),
-        "catchup_s": (n,),  # seconds per token the draft model prefills when it catches up after a pause
-        "catchup_n": (n,),
-        "since": (s,),  # the deployment's target steps since source s last drafted (any request's)
-        "probe_interval": (s,),  # its iterations between probes of source s (0: probe_every)
+        # a draft-model call's seconds with n requests in the call, fitted as a * k drafted + c * m caught up (the
+        # tokens it prefills first, beyond the usual 2): weighted sums of k*k, k*m, m*m, k*s, m*s
+        "draft_fit": (n, 5),
+        "draft_fit_n": (n,),
+        "step_s": (MAX_STEP_TOKENS + 1,),  # seconds of a target step by the tokens in it (calls at 2+ in flight)
+        "step_n": (MAX_STEP_TOKENS + 1,),
+        "stepping": (1,),  # tokens in target calls now
+        "clock": (1,),  # the deployment's time: every call's seconds shared by the requests in flight
+        "drafting": (1,),  # requests in a draft-model call now
+        "last_drafted": (s,),  # the clock when source s last drafted, or its acceptance was learnt otherwise
+        "probe_backoff": (s,),  # the probe interval's multiple for source s (0: 1): doubles as its probes fail
     }
 
 
@@ -224,6 +231,35 @@ class Estimates:
 
     def locked(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def draft_call(self) -> Iterator[list[int]]:
+        """Counts a draft-model call for its duration; yields a list whose one item becomes the most requests that
+        were in draft-model calls at once during it (itself included): the batch the draft engine could run."""
+        with self.locked():
+            self.drafting[0] += 1
+            batch = [int(self.drafting[0])]
+        try:
+            yield batch
+        finally:
+            with self.locked():
+                batch[0] = max(batch[0], int(self.drafting[0]))
+                self.drafting[0] -= 1
+
+
+    @contextlib.contextmanager
+    def target_call(self, tokens: int) -> Iterator[list[int]]:
+        """Counts a target call's `tokens` for its duration; yields a list whose one item becomes the most tokens
+        that were in target calls at once during it (its own included): what the step it ran in held."""
+        with self.locked():
+            self.stepping[0] += tokens
+            held = [int(self.stepping[0])]
+        try:
+            yield held
+        finally:
+            with self.locked():
+                held[0] = max(held[0], int(self.stepping[0]))
+                self.stepping[0] -= tokens
 
 
 def _mean_update(means: np.ndarray, counts: np.ndarray, index: tuple, value: float, smoothing: float) -> None:
@@ -355,21 +391,35 @@ class GoodputController:
                 out.append(means[k0] if n == ALONE else means[0] + (means[k0] - means[0]) * k / k0)
         return [out[0]] + [max(c, out[0]) for c in out[1:]]
 
+    def token_cost(self, load: int, kmax: int) -> float:
+        """Seconds one more token adds to a target step at `load` in flight, where its draft rows would take it (from
+        `load` to load * (1 + kmax) tokens): the slope of the steps measured by the tokens in them, through the
+        measured steps between half the load's tokens and the most a drafting batch would hold (least squares).
+        Memory-bound steps read draft rows as nearly free; compute-bound ones price each. 0 when unmeasured."""
+        tokens = np.flatnonzero(self.est.step_n)
+        n = load_key(load)
+        near = tokens[(tokens >= max(1, n // 2)) & (tokens <= max(2 * n, n * (1 + kmax)))]
+        if near.size < 2:
+            return 0.0
+        x, y = near.astype(float), self.est.step_s[near]
+        slope = float(np.polyfit(x, y, 1)[0])
+        return max(slope, 0.0)
+
     def row_costs(self, kmax: int, load: int = ALONE) -> list[float]:
         """What k = 0..kmax draft rows add to a target step at `load`, from where that is observable. A request's own
         call time shows it only when the request is alone in flight: with others in the step, its k = 0 and k > 0
         calls wait for the same steps, whose length the others' rows set too, so their difference reads rows as
         nearly free. Alone, a call with drafts can cost a fixed amount more than a plain step and a few rows more
-        little; in a batch every row costs what one more request in flight adds to a plain step (measured on the
-        demo target, 1 thread: a draft row adds ~1 ms to a step alone, 10-15 ms at 4-8 in flight, as does one more
-        request). So: the curve measured alone, and away from alone at least that per-row growth of the plain step
-        between the lightest and heaviest measured loads; neither measured: nothing (flat: a probe measures it)."""
+        little; in a batch every row costs at least what one more token adds to the steps, measured by the tokens
+        in them (token_cost), and what one more request adds to a plain step between the lightest and heaviest
+        measured loads; neither measured: nothing (flat: a probe measures it)."""
         means, counts = self.est.verify_s, self.est.verify_n
         plain = np.flatnonzero(counts[0])
         per_row = 0.0
         if plain.size >= 2:
             lo, hi = int(plain[0]), int(plain[-1])
             per_row = max(float(means[0, hi] - means[0, lo]) / (hi - lo), 0.0)
+        per_row = max(per_row, self.token_cost(load, kmax)) if load_key(load) != ALONE else per_row
         alone = self._verify_curve(ALONE, kmax)
         if alone is None:
             return [per_row * k for k in range(kmax + 1)]
@@ -397,22 +447,45 @@ class GoodputController:
         curve = self.verify_costs(k, load)
         return None if curve is None else curve[k]
 
-    def draft_costs(self, kmax: int, load: int, missed: int = 0) -> list[float] | None:
-        """Seconds of a draft-model call for k = 0..kmax; `missed`: tokens the draft model has not seen yet (beyond
-        the usual 2, it prefills them first). Measured at a lighter load only, it is scaled as a plain target step
-        slowed from there to this load: the draft model shares the device with the target."""
-        n = load_key(load)
-        curve = self._curve(self.est.draft_s, self.est.draft_n, n, kmax, proportional=True)
-        if curve is None:
+    def draft_rates(self, batch: int) -> tuple[float, float] | None:
+        """(seconds per drafted token, per caught-up token) of a draft-model call with `batch` requests in it, from
+        the fit at the nearest measured batch, scaled as a plain target step is between those loads (the draft
+        model runs on the same kind of device, memory-bound or not alike); None: no draft call measured."""
+        fitted = np.flatnonzero(self.est.draft_fit_n)
+        if fitted.size == 0:
             return None
-        m = self._nearest_load(self.est.draft_n, n)
-        if m < n:
-            step_here, step_there = self.verify_cost(0, n), self.verify_cost(0, m)
-            if step_here and step_there:
-                curve = [c * max(1.0, step_here / step_there) for c in curve]
-        measured = np.flatnonzero(self.est.catchup_n)
-        per_token = float(self.est.catchup_s[measured[np.argmin(np.abs(measured - n))]]) if measured.size else 0.0
-        return [0.0] + [c + per_token * max(0, missed - 2) for c in curve[1:]]
+        m = int(fitted[np.argmin(np.abs(fitted - batch))])
+        kk, km, mm, ky, my = self.est.draft_fit[m].tolist()
+        det = kk * mm - km * km
+        a, c = ((ky * mm - my * km) / det, (kk * my - km * ky) / det) if mm > 0 and det > 1e-6 * kk * mm else (-1, -1)
+        if not (a > 0 and 0 <= c <= a):
+            # Too few kinds of call to tell drafting from catching up (a probe after a pause always catches up on
+            # about as much), or a fit that says a caught-up token costs more than a drafted one, which a prefill
+            # never does: caught-up tokens priced as the target's extra tokens are against its step, r * a (at as
+            # many tokens as the calls caught up on: a long catch-up can be compute-bound where drafting is not).
+            step, caught_up = self.verify_cost(0, m) or 0.0, max(1, round(km / kk)) if kk else 1
+            r = min(self.token_cost(m, caught_up) / step, 1.0) if step else 0.0
+            a = (ky + r * my) / (kk + 2 * r * km + r * r * mm)
+            c = r * a
+        if m != batch:
+            here, there = self.verify_cost(0, batch), self.verify_cost(0, m)
+            if here and there:
+                a, c = a * here / there, c * here / there
+        return a, c
+
+    def draft_costs(self, kmax: int, load: int, missed: int = 0) -> list[float] | None:
+        """A request's share of the draft-model call for k = 0..kmax, priced as every request in flight drafting
+        together: the draft engine's call for all of them, divided among them. A choice made one request at a time
+        would otherwise never see what the batch costs: while few requests draft, each pays a whole draft call,
+        and none would start. `missed`: tokens the draft model has not seen yet (beyond the usual 2, it prefills
+        them first)."""
+        b = load_key(load)
+        rates = self.draft_rates(b)
+        if rates is None:
+            return None
+        a, c = rates
+        catchup = c * max(0, missed - 2)
+        return [0.0] + [(a * k + catchup) / b for k in range(1, kmax + 1)]
 
     def draft_cost(self, source: str, k: int, load: int, missed: int = 0) -> float | None:
         if k == 0 or not _needs_draft_model(source):
@@ -428,10 +501,10 @@ class GoodputController:
         verify = self.verify_costs(kmax, load)
         if verify is None:
             return None
-        # Goodput is the deployment's tokens per second of engine time, not this request's. With n in flight a
-        # plain step is shared by n requests: this request's share of it is step / n. What drafting adds is
-        # never shared: the draft rows lengthen the step every request in it waits for, and the draft model's
-        # call occupies the device (alone at 1 in flight, this is the request's own latency, as it should be).
+        # Goodput is the deployment's tokens per second, not this request's. With n in flight a plain step is
+        # shared by n requests: this request's share of it is step / n. Its draft rows lengthen the step every
+        # request in it waits for (row_costs prices that), and its draft-model call is shared by the requests
+        # drafting with it (draft_costs), as the draft engine batches them; alone, this is the request's latency.
         share = verify[0] / load_key(load)
         best, best_value = Choice(None, 0), 1.0 / max(share, 1e-9)
         draft: list[float] | None = None
@@ -452,18 +525,35 @@ class GoodputController:
                     best, best_value = Choice(source, k), value
         return best
 
+    def _probe_due(self, source: str, load: int) -> bool:
+        """A probe of `source` is due once the deployment has run, since the source last drafted (or was learnt),
+        long enough that the probe costs it a bounded share of its time: its plain step `probe_every` times, and
+        the probe's draft call PROBE_SHARE^-1 times, both times the source's backoff. In time, not in iterations:
+        with many requests in flight, iterations come many to a step, and every request in the step waits for a
+        probe's draft call."""
+        si = ESTIMATE_KEYS.index(source)
+        est = self.est
+        step = self.verify_cost(0, load)
+        if step is None:
+            return False  # a plain step first: what a probe's time is measured against
+        interval = self.settings.probe_every * step
+        if _needs_draft_model(source):
+            rates = self.draft_rates(1)
+            if rates is not None:  # what the probe's draft call costs the deployment: drafting alone
+                interval = max(interval, rates[0] * self._probe_len(source, MAX_POSITIONS) / PROBE_SHARE)
+        return float(est.clock[0] - est.last_drafted[si]) >= interval * max(1.0, float(est.probe_backoff[si]))
+
     def next_draft_len(self, source: str, cap: int, load: int) -> int:
         """How many tokens to ask a drafter inside the target engine (EAGLE-3) to draft for the next call, which each
         call computes when asked: the k the next iteration would draft if drafting from it pays now, the k of its
         probe if one is due, else 0. So a k = 0 stretch costs what plain steps cost, and a call drafting k pays
-        for k tokens of drafting, not for `cap` (the head's steps are sequential: ~15% of a target step each)."""
+        for k tokens of drafting, not for `cap` (the head's steps are sequential)."""
         if cap <= 0:
             return 0
         best = self._best(load, {source: cap})
         if best is not None and best.source == source:
             return best.k
-        si = ESTIMATE_KEYS.index(source)
-        if self.est.since[si] + 1 >= max(float(self.est.probe_interval[si]), self.settings.probe_every):
+        if self._probe_due(source, load):
             return self._probe_len(source, cap)
         return 0
 
@@ -484,21 +574,21 @@ class GoodputController:
         if best is None:
             return Choice(None, 0)  # measure a plain step first
         # Probes are the deployment's, like the estimates they feed: one request's probe informs every request, so a
-        # source is probed after probe_every of the deployment's iterations without it, not after every request's.
-        est, every = self.est, self.settings.probe_every
+        # source is probed once the deployment has gone long enough without it (_probe_due), not every request.
+        est = self.est
         if best.source is not None:
-            est.probe_interval[ESTIMATE_KEYS.index(best.source)] = every
+            est.probe_backoff[ESTIMATE_KEYS.index(best.source)] = 1.0
         for source, cap in candidates.items():
             si = ESTIMATE_KEYS.index(source)
-            interval = max(float(est.probe_interval[si]), every)
             # prompt lookup's acceptance is learnt without drafting (observe), and what its rows cost is measured
             # alone (row_costs): with others in flight a probe of it would learn nothing and lengthen their step
             if not _needs_draft_model(source) and load_key(load) != ALONE:
                 continue
-            if may_probe and source != best.source and cap > 0 and est.since[si] >= interval:
-                est.since[si] = 0
-                if _needs_draft_model(source):  # prompt lookup's probes cost a verify row, no engine step
-                    est.probe_interval[si] = min(2 * interval, 8 * every)
+            if may_probe and source != best.source and cap > 0 and self._probe_due(source, load):
+                with est.locked():
+                    est.last_drafted[si] = est.clock[0]
+                    if _needs_draft_model(source):  # prompt lookup's probes cost a verify row, no engine step
+                        est.probe_backoff[si] = min(2.0 * max(1.0, float(est.probe_backoff[si])), 8.0)
                 return Choice(source, self._probe_len(source, cap), probe=True)
         return best
 
@@ -512,30 +602,38 @@ class GoodputController:
         draft_s: float | None = None,
         missed: int = 0,
         steps: int = 1,
+        draft_batch: int = 1,
+        elapsed_s: float | None = None,
+        step_tokens: int | None = None,
     ) -> None:
-        """One iteration: `proposed` tokens from `source` (None: none), `accepted` of them; the verify call's and
-        the draft-model call's seconds (None: not a clean sample, e.g. the request's first call with its prefill);
-        `steps`: the target's steps in the call (a plain run's tokens), which is what probes are spaced by."""
+        """One iteration: `proposed` tokens from `source` (None: none), `accepted` of them; the verify call's seconds
+        per step (None: not a clean sample, e.g. the request's first call with its prefill) and the draft-model
+        call's; `steps`: the target's steps in the call (a plain run's tokens); `draft_batch`: the requests that
+        were in draft-model calls together with it; `elapsed_s`: the iteration's seconds (its calls'; default:
+        the verify's and the draft's), which advance the deployment's clock by this request's share; `step_tokens`: the tokens in the target's step."""
         n, est, st = load_key(load), self.est, self.settings
         with est.locked():
-            est.since += steps
+            if elapsed_s is None:
+                elapsed_s = (verify_s or 0.0) * steps + (draft_s or 0.0)
+            est.clock[0] += elapsed_s / n
             if source is not None and proposed:
-                est.since[ESTIMATE_KEYS.index(source)] = 0
+                est.last_drafted[ESTIMATE_KEYS.index(source)] = est.clock[0]
             if verify_s is not None:
                 _mean_update(est.verify_s, est.verify_n, (proposed, n), verify_s, st.cost_smoothing)
+                if step_tokens and n != ALONE:  # alone, the (k, load) curve is the step's own
+                    _mean_update(est.step_s, est.step_n, (min(step_tokens, MAX_STEP_TOKENS),), verify_s,
+                                 st.cost_smoothing)
             if source is None or not proposed:
                 return
             si = ESTIMATE_KEYS.index(source)
             self._count(si, proposed, accepted)
             if draft_s is None or not _needs_draft_model(source):
                 return
-            if missed <= 2:
-                _mean_update(est.draft_s, est.draft_n, (proposed, n), draft_s, st.cost_smoothing)
-            else:
-                steps = self._curve(est.draft_s, est.draft_n, n, proposed, proportional=True)
-                if steps is not None:
-                    per_token = max(draft_s - steps[proposed], 0.0) / (missed - 2)
-                    _mean_update(est.catchup_s, est.catchup_n, (n,), per_token, st.cost_smoothing)
+            b, m = load_key(draft_batch), float(max(0, missed - 2))
+            est.draft_fit_n[b] += 1
+            w = max(1.0 / est.draft_fit_n[b], st.cost_smoothing)
+            sample = np.array([proposed * proposed, proposed * m, m * m, proposed * draft_s, m * draft_s])
+            est.draft_fit[b] += w * (sample - est.draft_fit[b])
 
     def observe(self, scored: Iterable[tuple[str, int, int]]) -> None:
         """Proposals that were not drafted, (estimate key, proposed, accepted) each, scored against the tokens the
@@ -547,7 +645,7 @@ class GoodputController:
             return
         with self.est.locked():  # once for them all: the deployment's estimates are shared between processes
             for si, proposed, accepted in scored:
-                self.est.since[si] = 0  # what a probe would have learnt, learnt for free
+                self.est.last_drafted[si] = self.est.clock[0]  # what a probe would have learnt, learnt for free
                 self._count(si, proposed, accepted)
 
     def _count(self, si: int, proposed: int, accepted: int) -> None:
