@@ -68,12 +68,13 @@ def main() -> None:
     cells: dict[str, list[float]] = {name: [] for name in ("baseline", "baseline run/tok", "head asks 0", "head asks 1")}
     cells.update({f"resume after {m}": [] for m in GAPS})
     seqs = {"base": call(base, prompt)[1], "spec": call(spec, prompt, k=1)[1]}
-    for _ in range(args.rounds):
-        # each cell goes on from where the last left its sequence (the prefix cache holds it), as a loop's calls do
+    def base_cells() -> None:
         t, seqs["base"] = call(base, seqs["base"])
         cells["baseline"].append(t)
         t, seqs["base"] = call(base, seqs["base"], 16)
         cells["baseline run/tok"].append(t / 16)
+
+    def spec_cells() -> None:
         t, seqs["spec"] = call(spec, seqs["spec"], k=1)  # the head current: the next plain call leaves it behind
         t, seqs["spec"] = call(spec, seqs["spec"], k=0)
         cells["head asks 0"].append(t)
@@ -85,6 +86,12 @@ def main() -> None:
                 seqs["spec"] = call(spec, seqs["spec"], k=0)[1]
             t, seqs["spec"] = call(spec, seqs["spec"], k=1)
             cells[f"resume after {m}"].append(t)
+
+    for r in range(args.rounds):
+        # each cell goes on from where the last left its sequence (the prefix cache holds it), as a loop's calls do;
+        # the two engines take turns going first, so neither always runs just after the other's long calls
+        for cells_of in ((base_cells, spec_cells) if r % 2 == 0 else (spec_cells, base_cells)):
+            cells_of()
         if len(seqs["spec"]) > args.context + 600 or len(seqs["base"]) > args.context + 700:
             seqs = {"base": call(base, prompt)[1], "spec": call(spec, prompt, k=1)[1]}
     # medians, and minima: on a shared machine the minimum of a cell is the least disturbed sample of it
