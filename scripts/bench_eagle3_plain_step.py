@@ -93,6 +93,8 @@ def main() -> None:
         for cells_of in ((base_cells, spec_cells) if r % 2 == 0 else (spec_cells, base_cells)):
             cells_of()
         if len(seqs["spec"]) > args.context + 600 or len(seqs["base"]) > args.context + 700:
+            # a new prompt: greedy decoding would replay the old sequence, whose head cache the store still holds
+            prompt = [t + 1 for t in prompt]
             seqs = {"base": call(base, prompt)[1], "spec": call(spec, prompt, k=1)[1]}
     # medians, and minima: on a shared machine the minimum of a cell is the least disturbed sample of it
     med = {name: statistics.median(v) * 1e3 for name, v in cells.items()}
