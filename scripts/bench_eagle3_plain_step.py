@@ -9,6 +9,7 @@ the shipped head (`demo-eagle3`'s target). Cells, interleaved round by round, me
 * ``baseline run/tok``  no head: a 16-token run, per token (what the baseline loop sends a request that is not streamed)
 * ``head asks 0``       head loaded, the call asks no draft (next_draft_len 0): must cost the baseline's step
 * ``head asks 1``       head loaded, every call asks one draft token (the loop through a k = 0 stretch before)
+* ``verify 1, asks k``  head loaded: a call verifying a 1-token draft of the head and asking k more (k = 1 drafting)
 * ``resume after m``    head loaded: the call that asks a draft after m plain calls asked none (the catch-up);
                         its extra over ``head asks 0`` is the catch-up's cost, fitted as c0 + c1 * m
 
@@ -65,7 +66,15 @@ def main() -> None:
         tokens = engine.run(EngineRequest(seq, n, next_draft_len=k)).tokens
         return clock() - t, tokens
 
-    cells: dict[str, list[float]] = {name: [] for name in ("baseline", "baseline run/tok", "head asks 0", "head asks 1")}
+    def verify(seq: list[int], k: int) -> tuple[float, list[int]]:
+        """A call verifying the head's 1-token draft (asked for by a call just before) and asking k more."""
+        r = spec.run(EngineRequest(seq, 1, next_draft_len=1))
+        t = clock()
+        tokens = spec.run(EngineRequest(r.tokens, 2, draft_ids=r.next_draft_ids[:1], next_draft_len=k)).tokens
+        return clock() - t, tokens
+
+    cells: dict[str, list[float]] = {name: [] for name in ("baseline", "baseline run/tok", "head asks 0", "head asks 1",
+                                                           "verify 1, asks 0", "verify 1, asks 1")}
     cells.update({f"resume after {m}": [] for m in GAPS})
     seqs = {"base": call(base, prompt)[1], "spec": call(spec, prompt, k=1)[1]}
     def base_cells() -> None:
@@ -81,6 +90,9 @@ def main() -> None:
         t, seqs["spec"] = call(spec, seqs["spec"], k=1)
         t, seqs["spec"] = call(spec, seqs["spec"], k=1)
         cells["head asks 1"].append(t)
+        for k in (0, 1):
+            t, seqs["spec"] = verify(seqs["spec"], k)
+            cells[f"verify 1, asks {k}"].append(t)
         for m in GAPS:
             for _ in range(m - 1):  # m plain positions since the head's last call: m - 1 here, + this call's own
                 seqs["spec"] = call(spec, seqs["spec"], k=0)[1]
@@ -108,6 +120,7 @@ def main() -> None:
             "ms": {name: round(v, 2) for name, v in st.items()},
             "head_asks_0_over_baseline": round(plain / st["baseline"], 3),
             "head_asks_1_over_baseline": round(st["head asks 1"] / st["baseline"], 3),
+            "verify_1_asks_1_over_asks_0_plain": round(st["verify 1, asks 1"] / plain, 3),
             "catchup_extra_ms": {m: round(v, 2) for m, v in extra.items()},
             "catchup_fit_ms": {"c0": round(float(c0), 2), "c1_per_position": round(float(c1), 3)},
         }
