@@ -151,7 +151,8 @@ class Deployment:
             accepted += 1
         verify = self.step_cost(k) or self.step(load) * (1 + 0.1 * k)
         draft = self.draft_per_token * k if choice.source == "model" else None
-        ctl.record(load, choice.source, k, accepted, verify, draft)
+        # the step holds the other requests' plain rows and this one's k + 1, as the loop counts them
+        ctl.record(load, choice.source, k, accepted, verify, draft, step_tokens=load + k)
         return choice
 
 

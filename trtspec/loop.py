@@ -300,10 +300,10 @@ class SpeculativeLoop:
             load = self.in_flight()
             plan = planner.plan(load, seq, propose)
             proposal, draft_s, draft_failed = Proposal(plan.tokens or []), None, False
-            batch = [1]
+            batch = [1, max(0, plan.missed - 2)]
             if plan.calls_draft_model:
                 t0 = time.perf_counter()
-                with self.estimates.draft_call() as batch:
+                with self.estimates.draft_call(plan.missed) as batch:
                     try:
                         proposal = drafters[plan.source].propose(
                             seq, plan.k, req.use_draft_logits and SOURCES[plan.source].gives_logits)
@@ -335,7 +335,7 @@ class SpeculativeLoop:
             generated += new
             seq += new
             planner.outcome(plan, load, draft, raw, verify_s, draft_s, seq, len(new), propose, draft_failed, batch[0],
-                            step[0])
+                            step[0], batch[1])
             yield Step(new, before, planner.stats, final=done,
                        log_probs=None if log_probs is None else log_probs[: len(new)],
                        top=None if top is None else top.head(len(new)))

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from trtspec.drafters import SELECTIONS, SOURCES, Proposal, estimate_key
 from trtspec.metrics import SpecStats
-from trtspec.speculative import Estimates, GoodputController, draft_len_at_load, fixed_draft_len, plain_run
+from trtspec.speculative import Choice, Estimates, GoodputController, draft_len_at_load, fixed_draft_len, plain_run
 
 # (source, running sequence, k) -> its proposal: the sources that need no engine call
 Propose = Callable[[str, Sequence[int], int], Proposal]
@@ -78,6 +78,9 @@ class Planner:
         self.stretch: int | None = 0 if self.sources and self.policy.num_draft_tokens else None
         self.runs = not self.policy.stream and not self.in_target
         self.unverified: list[tuple[str, int, list[int]]] = []  # free proposals not drafted: (key, len(seq), tokens)
+        # a probe of the draft model that caught it up: the next iteration drafts once more, a call without catch-up
+        # (what drafting costs once it goes on; a call that catches up cannot tell its parts apart)
+        self.follow_up: Plan | None = None
 
     @classmethod
     def sources_for(cls, selection: str, has_draft_model: bool, in_target: bool, disabled: bool) -> tuple[str, ...]:
@@ -114,7 +117,10 @@ class Planner:
             free = {s: propose(s, seq, k) for s in usable if self._free(s)}
             keys = {s: estimate_key(s, free[s].match if s in free else 0) for s in usable}
             caps = {keys[s]: min(k, len(free[s].tokens)) if s in free else k for s in usable}
-            choice = self.controller.choose(load, caps, missed, bool(self.stats.num_iterations))
+            choice = self.controller.choose(load, caps, missed, bool(self.stats.num_iterations), remaining)
+            follow, self.follow_up = self.follow_up, None
+            if follow is not None and choice.source is None and caps.get(follow.key, 0) > 0:
+                choice = Choice(follow.key, min(follow.k, caps[follow.key]), probe=True)
             probe = choice.probe
             if choice.source is not None:
                 source = next(s for s in usable if keys[s] == choice.source)
@@ -155,12 +161,14 @@ class Planner:
         draft_failed: bool = False,
         draft_batch: int = 1,
         step_tokens: int | None = None,
+        draft_missed: int | None = None,
     ) -> int:
         """What iteration `plan` did: `draft` the tokens verified, `new` the target's answer as it came (before any
         cut for stops or max_tokens), the calls' seconds (`draft_s`: the draft model's call, None without one),
         `seq` the running sequence after the iteration, of which the last `added` tokens are its own;
         `draft_batch`: the requests that were in draft-model calls together with its own, `step_tokens` the
-        tokens that were in target calls together with its own (None: unknown). Returns how many draft
+        tokens that were in target calls together with its own (None: unknown), `draft_missed` the tokens the
+        draft calls together with its own caught up on (None: its own only). Returns how many draft
         tokens were accepted."""
         if draft_failed:
             # a missing or failing drafter must not fail the request: it goes on without it
@@ -184,11 +192,14 @@ class Planner:
         # a plain run's cost per step: what a plain step costs where it is not a call of its own
         self.controller.record(load, plan.key if used else None, len(draft), accepted,
                                verify_s / plain if clean else None, draft_s if used else None, plan.missed, plain,
-                               draft_batch, verify_s + (draft_s or 0.0), step_tokens if clean else None)
+                               draft_batch, verify_s + (draft_s or 0.0), step_tokens if clean and plain == 1 else None,
+                               draft_missed)
         if self.stretch is not None:  # a probe that failed does not end a stretch
             self.stretch = 0 if draft and (accepted or not plan.probe) else self.stretch + 1
         if used is not None and SOURCES[used].needs_draft_model:
             self.draft_seen = before + min(accepted, len(draft) - 1)
+            if plan.probe and plan.calls_draft_model and plan.missed > 2:
+                self.follow_up = plan
         self.stats.record(len(draft), accepted, used)
         if self.policy.adaptive and plain > 1:
             # what prompt lookup would have proposed inside the run, scored as any lookup not drafted is

@@ -187,6 +187,7 @@ MAX_POSITIONS = 64  # SpeculativeConfig.max_draft_len's bound
 MAX_LOAD = 256  # requests in flight (or in one draft call), as a cost-table key (more count as this many)
 ALONE = 1  # the load at which a request's own call time is the whole step's
 MAX_STEP_TOKENS = 4096  # tokens in one target step, as a cost-table key (more count as this many)
+SHARED_MARGIN = 0.03  # the least gain, at a shared load, for which the deployment drafts
 PROBE_SHARE = 0.05  # the most of the deployment's time a source's probes may cost it (their draft calls)
 
 
@@ -205,7 +206,7 @@ def _layout() -> dict[str, tuple[int, ...]]:
         "step_n": (MAX_STEP_TOKENS + 1,),
         "stepping": (1,),  # tokens in target calls now
         "clock": (1,),  # the deployment's time: every call's seconds shared by the requests in flight
-        "drafting": (1,),  # requests in a draft-model call now
+        "drafting": (2,),  # requests in draft-model calls now, and the tokens those calls catch up on
         "last_drafted": (s,),  # the clock when source s last drafted, or its acceptance was learnt otherwise
         "probe_backoff": (s,),  # the probe interval's multiple for source s (0: 1): doubles as its probes fail
     }
@@ -233,18 +234,20 @@ class Estimates:
         return contextlib.nullcontext()
 
     @contextlib.contextmanager
-    def draft_call(self) -> Iterator[list[int]]:
-        """Counts a draft-model call for its duration; yields a list whose one item becomes the most requests that
-        were in draft-model calls at once during it (itself included): the batch the draft engine could run."""
+    def draft_call(self, missed: int = 0) -> Iterator[list[int]]:
+        """Counts a draft-model call, which catches up on `missed` tokens, for its duration; yields [requests, tokens
+        caught up]: the most that were in draft-model calls at once during it (its own included), the batch the
+        draft engine could run and the prefill that batch carried."""
+        extra = max(0, missed - 2)
         with self.locked():
-            self.drafting[0] += 1
-            batch = [int(self.drafting[0])]
+            self.drafting += (1, extra)
+            batch = [int(x) for x in self.drafting]
         try:
             yield batch
         finally:
             with self.locked():
-                batch[0] = max(batch[0], int(self.drafting[0]))
-                self.drafting[0] -= 1
+                batch[:] = [max(a, int(b)) for a, b in zip(batch, self.drafting)]
+                self.drafting -= (1, extra)
 
 
     @contextlib.contextmanager
@@ -315,14 +318,17 @@ class GoodputController:
 
     # -------------------------------------------------------------- estimates
 
-    def acceptance(self, source: str, positions: int, optimistic: bool = False) -> list[float]:
+    def acceptance(self, source: str, positions: int, optimistic: bool = False, shared: bool = False) -> list[float]:
         """Conditional acceptance of positions 0..positions-1 (accepted given every earlier one was). `optimistic`
         adds one standard error, so a deeper position measured on a few unlucky drafts is tried again; a position
-        with no acceptance seen gets no bonus (the pessimistic start)."""
+        with no acceptance seen gets no bonus (the pessimistic start). `shared`: the deployment's estimate alone,
+        without this request's own drafts."""
         si = ESTIMATE_KEYS.index(source)
         st, prior, out = self.settings, 0.0, []
         shared_acc, shared_seen = self.est.accepted[si, :positions].tolist(), self.est.reached[si, :positions].tolist()
         own_acc, own_seen = self.accepted[si, :positions].tolist(), self.reached[si, :positions].tolist()
+        if shared:  # the deployment's alone
+            own_acc, own_seen = [0.0] * positions, [0.0] * positions
         for i in range(positions):
             shared = (shared_acc[i] + st.prior_drafts * prior) / (shared_seen[i] + st.prior_drafts)
             a = (own_acc[i] + st.request_weight * shared) / (own_seen[i] + st.request_weight)
@@ -401,9 +407,27 @@ class GoodputController:
         near = tokens[(tokens >= max(1, n // 2)) & (tokens <= max(2 * n, n * (1 + kmax)))]
         if near.size < 2:
             return 0.0
-        x, y = near.astype(float), self.est.step_s[near]
-        slope = float(np.polyfit(x, y, 1)[0])
-        return max(slope, 0.0)
+        x, y = near - near.mean(), self.est.step_s[near]
+        return max(float(x @ y) / float(x @ x), 0.0)
+
+    def batch_steps(self, load: int, kmax: int) -> list[float] | None:
+        """Seconds of the target's step with every one of `load` requests in it verifying k = 0..kmax drafts (load *
+        (1 + k) tokens), on the line through the steps measured by the tokens in them near there; None where fewer
+        than two token counts were measured near, or alone (a step's own curve: verify_costs). This is what drafting
+        together costs, and what not drafting would: with others drafting, a request's own plain call waits for
+        their rows too, so its time says nothing of a step without them."""
+        n = load_key(load)
+        if n == ALONE:
+            return None
+        tokens = np.flatnonzero(self.est.step_n)
+        near = tokens[(tokens >= max(1, n // 2)) & (tokens <= 2 * n * (1 + kmax))]
+        if near.size < 2 or near[-1] < n:
+            return None
+        y = self.est.step_s[near]
+        x = near - near.mean()
+        slope = max(float(x @ y) / float(x @ x), 0.0)
+        at_mean = float(y.mean())
+        return [max(at_mean + slope * (n * (1 + k) - near.mean()), 1e-9) for k in range(kmax + 1)]
 
     def row_costs(self, kmax: int, load: int = ALONE) -> list[float]:
         """What k = 0..kmax draft rows add to a target step at `load`, from where that is observable. A request's own
@@ -428,7 +452,7 @@ class GoodputController:
 
     def verify_costs(self, kmax: int, load: int) -> list[float] | None:
         """Seconds of a target call verifying k = 0..kmax drafts at `load` in flight: the plain step measured at the
-        nearest load, plus what the draft rows add to a step (row_costs), or more where this load measured more."""
+        nearest load, plus what the draft rows add to a step (row_costs), or more where alone measured more."""
         means, counts, n = self.est.verify_s, self.est.verify_n, load_key(load)
         col = self._nearest_load(counts, n)
         if col is None:
@@ -438,54 +462,81 @@ class GoodputController:
         k0 = int(seen[0])
         base = max(float(means[k0, col]) - rows[k0], 0.0)
         out = [base + rows[k] for k in range(kmax + 1)]
-        own = self._verify_curve(col, kmax)
-        if own is not None:  # a lower bound at a load shared with others (see row_costs), exact alone
-            out = [max(a, b) for a, b in zip(out, own)]
+        if col == ALONE:  # alone a call's own time is exact; shared, it is the others' too (their rows, prefill)
+            own = self._verify_curve(col, kmax)
+            if own is not None:
+                out = [max(a, b) for a, b in zip(out, own)]
         return out
 
     def verify_cost(self, k: int, load: int) -> float | None:
         curve = self.verify_costs(k, load)
         return None if curve is None else curve[k]
 
+    def _draft_fit(self, m: int) -> tuple[float | None, float | None]:
+        """(a, c) fitted at batch m: seconds per drafted and per caught-up token; None where the calls measured
+        there cannot tell them apart (a probe after a pause always catches up on about as much)."""
+        kk, km, mm, ky, my = self.est.draft_fit[m].tolist()
+        if mm <= 1e-12:
+            return ky / kk, None  # no call caught up: every second is the drafting's
+        det = kk * mm - km * km
+        if det > 1e-6 * kk * mm:
+            a, c = (ky * mm - my * km) / det, (kk * my - km * ky) / det
+            if a > 0 and 0 <= c <= a:  # a prefill token never costs more than a drafted one
+                return a, c
+        return None, None
+
+    def plain_step(self, load: int) -> float | None:
+        """Seconds of a plain target step measured at the load nearest `load` (None: none measured)."""
+        loads = np.flatnonzero(self.est.verify_n[0])
+        if loads.size == 0:
+            return None
+        return float(self.est.verify_s[0, loads[np.argmin(np.abs(loads - load_key(load)))]])
+
+    def _scaled(self, value: float, there: int, here: int) -> float:
+        """A draft-model cost measured at batch `there` at batch `here`: as a plain target step scales between those
+        loads (the draft model runs on the same kind of device, memory-bound or not alike)."""
+        if here == there:
+            return value
+        a, b = self.plain_step(here), self.plain_step(there)
+        return value * a / b if a and b else value
+
     def draft_rates(self, batch: int) -> tuple[float, float] | None:
         """(seconds per drafted token, per caught-up token) of a draft-model call with `batch` requests in it, from
-        the fit at the nearest measured batch, scaled as a plain target step is between those loads (the draft
-        model runs on the same kind of device, memory-bound or not alike); None: no draft call measured."""
+        the fit at the nearest measured batch; where that cannot tell drafting from catching up, the drafting rate
+        of the nearest batch that can, and the rest of its calls' time caught up; None: no draft call measured."""
         fitted = np.flatnonzero(self.est.draft_fit_n)
         if fitted.size == 0:
             return None
-        m = int(fitted[np.argmin(np.abs(fitted - batch))])
-        kk, km, mm, ky, my = self.est.draft_fit[m].tolist()
-        det = kk * mm - km * km
-        a, c = ((ky * mm - my * km) / det, (kk * my - km * ky) / det) if mm > 0 and det > 1e-6 * kk * mm else (-1, -1)
-        if not (a > 0 and 0 <= c <= a):
-            # Too few kinds of call to tell drafting from catching up (a probe after a pause always catches up on
-            # about as much), or a fit that says a caught-up token costs more than a drafted one, which a prefill
-            # never does: caught-up tokens priced as the target's extra tokens are against its step, r * a (at as
-            # many tokens as the calls caught up on: a long catch-up can be compute-bound where drafting is not).
-            step, caught_up = self.verify_cost(0, m) or 0.0, max(1, round(km / kk)) if kk else 1
-            r = min(self.token_cost(m, caught_up) / step, 1.0) if step else 0.0
-            a = (ky + r * my) / (kk + 2 * r * km + r * r * mm)
-            c = r * a
-        if m != batch:
-            here, there = self.verify_cost(0, batch), self.verify_cost(0, m)
-            if here and there:
-                a, c = a * here / there, c * here / there
-        return a, c
+        order = sorted(fitted.tolist(), key=lambda b: abs(b - batch))
+        m = order[0]
+        a, c = self._draft_fit(m)
+        if a is None:
+            ref = next((b for b in order if self._draft_fit(b)[0] is not None), None)
+            kk, km, mm, ky, my = self.est.draft_fit[m].tolist()
+            if ref is None:  # nothing separates them yet: all of it drafting (a probe goes on to a clean call)
+                a, c = ky / kk, 0.0
+            else:
+                a = self._scaled(self._draft_fit(ref)[0], ref, m)
+                c = min(max((my - a * km) / mm, 0.0), a)
+        if c is None:
+            known = next((self._draft_fit(b)[1] for b in order if self._draft_fit(b)[1] is not None), 0.0)
+            c = known
+        return self._scaled(a, m, batch), self._scaled(c, m, batch)
 
-    def draft_costs(self, kmax: int, load: int, missed: int = 0) -> list[float] | None:
+    def draft_costs(self, kmax: int, load: int, missed: int = 0,
+                    rates: tuple[float, float] | None = None) -> list[float] | None:
         """A request's share of the draft-model call for k = 0..kmax, priced as every request in flight drafting
         together: the draft engine's call for all of them, divided among them. A choice made one request at a time
         would otherwise never see what the batch costs: while few requests draft, each pays a whole draft call,
         and none would start. `missed`: tokens the draft model has not seen yet (beyond the usual 2, it prefills
-        them first)."""
+        them first), at what one more caught-up token adds to the call."""
         b = load_key(load)
-        rates = self.draft_rates(b)
+        rates = rates or self.draft_rates(b)
         if rates is None:
             return None
         a, c = rates
-        catchup = c * max(0, missed - 2)
-        return [0.0] + [(a * k + catchup) / b for k in range(1, kmax + 1)]
+        catchup = c * max(0, missed - 2)  # the request's own prefill: work of its own, not shared
+        return [0.0] + [a * k / b + catchup for k in range(1, kmax + 1)]
 
     def draft_cost(self, source: str, k: int, load: int, missed: int = 0) -> float | None:
         if k == 0 or not _needs_draft_model(source):
@@ -495,8 +546,12 @@ class GoodputController:
 
     # -------------------------------------------------------------- the decision
 
-    def _best(self, load: int, candidates: Mapping[str, int], missed: int = 0) -> Choice | None:
-        """The choice of most expected tokens per second, without probes (None: no plain step measured yet)."""
+    def _best(self, load: int, candidates: Mapping[str, int], missed: int = 0,
+              remaining: int | None = None) -> Choice | None:
+        """The choice of most expected tokens per second, without probes (None: no plain step measured yet).
+        `remaining`: the request's tokens still to come, over whose drafting iterations the draft model's catch-up
+        is spread (once caught up, it stays caught up while the request drafts); None: none, the whole catch-up
+        on this iteration."""
         kmax = max(candidates.values(), default=0)
         verify = self.verify_costs(kmax, load)
         if verify is None:
@@ -505,24 +560,52 @@ class GoodputController:
         # shared by n requests: this request's share of it is step / n. Its draft rows lengthen the step every
         # request in it waits for (row_costs prices that), and its draft-model call is shared by the requests
         # drafting with it (draft_costs), as the draft engine batches them; alone, this is the request's latency.
-        share = verify[0] / load_key(load)
+        n = load_key(load)
+        steps = self.batch_steps(load, kmax)
+        if steps is not None:  # shared: the batch's step by its tokens, every request in it drafting k alike
+            verify = [steps[0]] + [max(s, steps[0]) for s in steps[1:]]
+            rows = [(s - steps[0]) / n for s in verify]
+        else:
+            rows = [max(v - verify[0], 0.0) for v in verify]
+        share = verify[0] / n
         best, best_value = Choice(None, 0), 1.0 / max(share, 1e-9)
         draft: list[float] | None = None
         for source, cap in candidates.items():
             if cap <= 0:
                 continue
+            catchup = 0.0
             if _needs_draft_model(source):
-                draft = draft or self.draft_costs(kmax, load, missed)
-                if draft is None:
+                rates = self.draft_rates(load_key(load))
+                if rates is None:
                     continue  # unmeasured: a probe measures it
-            expected, p = 0.0, 1.0
-            for k, a in enumerate(self.acceptance(source, cap, optimistic=True), start=1):
-                p *= a
-                expected += p
-                cost = share + max(verify[k] - verify[0], 0.0) + (draft[k] if _needs_draft_model(source) else 0.0)
-                value = (1.0 + expected) / max(cost, 1e-9)
-                if value > best_value:
-                    best, best_value = Choice(source, k), value
+                draft = draft or self.draft_costs(kmax, load, rates=rates)
+                catchup = rates[1] * max(0, missed - 2)
+            def values(acceptance: list[float]) -> list[float]:
+                out, expected, p = [1.0 / max(share, 1e-9)], 0.0, 1.0
+                for k, a in enumerate(acceptance, start=1):
+                    p *= a
+                    expected += p
+                    iterations = max(1.0, (remaining or 0) / (1.0 + expected))
+                    cost = share + rows[k] + (draft[k] + catchup / iterations if _needs_draft_model(source) else 0.0)
+                    out.append((1.0 + expected) / max(cost, 1e-9))
+                return out
+
+            if n == ALONE:
+                own = values(self.acceptance(source, cap, optimistic=True))
+                k = int(np.argmax(own))
+            else:
+                # Shared, the requests draft alike: the draft engine's call runs as many steps as its longest draft,
+                # so a request drafting more than the others lengthens it for all, and one drafting fewer does not
+                # shorten it. The deployment's k at this load is chosen from its own estimate (every request finds
+                # the same), and each request takes it, or a plain step where its own acceptance says so. Half the
+                # requests drafting costs the rest the draft engine's call too, so a gain within the estimates' noise
+                # is not taken: acceptance as estimated (not optimistic; probes explore), and a margin.
+                own = values(self.acceptance(source, cap))
+                together = values(self.acceptance(source, cap, shared=True))
+                k = int(np.argmax(together))
+                k = k if together[k] > (1 + SHARED_MARGIN) * together[0] and own[k] > own[0] else 0
+            if k and own[k] > best_value:
+                best, best_value = Choice(source, k), own[k]
         return best
 
     def _probe_due(self, source: str, load: int) -> bool:
@@ -563,14 +646,16 @@ class GoodputController:
         depth = good.index(False) if not all(good) else cap
         return max(1, min(cap, depth + 1))
 
-    def choose(self, load: int, candidates: Mapping[str, int], missed: int = 0, may_probe: bool = True) -> Choice:
+    def choose(self, load: int, candidates: Mapping[str, int], missed: int = 0, may_probe: bool = True,
+               remaining: int | None = None) -> Choice:
         """`candidates`: estimate key (drafters.estimate_key: the source, for prompt lookup with its match's level)
         -> the most tokens it may propose now (for prompt lookup: its match's length);
         `missed`: tokens the draft model would catch up on; `may_probe` false: no probe now (a request's first
         call, whose first token a probe of the draft model would delay by its prefill of the whole prompt: the
-        next iteration, this request's or another's, probes instead). Sources in asking order (the first wins a tie).
+        next iteration, this request's or another's, probes instead); `remaining`: the request's tokens still to
+        come (the catch-up is spread over them). Sources in asking order (the first wins a tie).
         Each candidate's value is its expected tokens per second, acceptance optimistic by its standard error."""
-        best = self._best(load, candidates, missed)
+        best = self._best(load, candidates, missed, remaining)
         if best is None:
             return Choice(None, 0)  # measure a plain step first
         # Probes are the deployment's, like the estimates they feed: one request's probe informs every request, so a
@@ -605,12 +690,14 @@ class GoodputController:
         draft_batch: int = 1,
         elapsed_s: float | None = None,
         step_tokens: int | None = None,
+        draft_missed: int | None = None,
     ) -> None:
         """One iteration: `proposed` tokens from `source` (None: none), `accepted` of them; the verify call's seconds
         per step (None: not a clean sample, e.g. the request's first call with its prefill) and the draft-model
         call's; `steps`: the target's steps in the call (a plain run's tokens); `draft_batch`: the requests that
         were in draft-model calls together with it; `elapsed_s`: the iteration's seconds (its calls'; default:
-        the verify's and the draft's), which advance the deployment's clock by this request's share; `step_tokens`: the tokens in the target's step."""
+        the verify's and the draft's), which advance the deployment's clock by this request's share; `step_tokens`: the tokens in the target's step; `draft_missed`: the tokens the
+        draft call caught up on, for all the requests in it (None: its own only)."""
         n, est, st = load_key(load), self.est, self.settings
         with est.locked():
             if elapsed_s is None:
@@ -629,7 +716,7 @@ class GoodputController:
             self._count(si, proposed, accepted)
             if draft_s is None or not _needs_draft_model(source):
                 return
-            b, m = load_key(draft_batch), float(max(0, missed - 2))
+            b, m = load_key(draft_batch), float(max(0, missed - 2) if draft_missed is None else draft_missed)
             est.draft_fit_n[b] += 1
             w = max(1.0 / est.draft_fit_n[b], st.cost_smoothing)
             sample = np.array([proposed * proposed, proposed * m, m * m, proposed * draft_s, m * draft_s])

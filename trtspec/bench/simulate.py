@@ -107,6 +107,7 @@ class _Call:
     prefill: int = 0  # prompt tokens still to prefill (a new request's first call), max_num_tokens a step
     batch: int = 1  # requests in the draft engine's call together
     tokens: int = 0  # tokens in the target's (last) step
+    catchup: int = 0  # tokens the draft engine's call caught up on, for every request in it
 
 
 class _Request:
@@ -208,7 +209,7 @@ def simulate(
         draft_wall = 0.0
         if drafting:
             ks = [len(r.call.draft) for r in drafting]
-            catchup = sum(max(r.call.plan.missed - 1, 0) for r in drafting)
+            catchup = sum(max(r.call.plan.missed - 2, 0) for r in drafting)
             context = sum(len(r.seq) for r in drafting)
             elapsed = []
             for j in range(max(ks)):
@@ -217,7 +218,7 @@ def simulate(
                 elapsed.append(draft_wall)
             for r, k in zip(drafting, ks):
                 r.call.draft_s = elapsed[k - 1] if k else 0.0
-                r.call.batch = len(drafting)
+                r.call.batch, r.call.catchup = len(drafting), catchup
         # the target: every request in flight, one step
         tokens, head_k, prefilling = 0, 0, []
         for r in active:
@@ -261,7 +262,8 @@ def simulate(
             r.seq += added
             result.tokens += len(added)
             r.planner.outcome(c.plan, c.load, c.draft, new, c.verify_s, c.draft_s, r.seq, len(added), r.propose,
-                              draft_batch=c.batch, step_tokens=c.tokens)
+                              draft_batch=c.batch, step_tokens=c.tokens,
+                              draft_missed=c.catchup)
             r.next = r.draft(c.plan.next_k, acceptance, progress) if c.plan.next_k else []
             r.call = None
             r.done = len(r.seq) - r.prompt >= r.max_tokens
