@@ -217,6 +217,12 @@ class LlmapiConfig(_Strict):
     disable_overlap_scheduler: bool = Field(
         default=True, description="TensorRT-LLM's draft-target docs run two-model speculation without the overlap scheduler"
     )
+    eagle3_two_model: bool = Field(
+        default=False,
+        description="method eagle3: run the head as a separate draft model (TensorRT-LLM's eagle3_one_model: false), so "
+        "that schedule bands of 0 and max_concurrency stop drafting; otherwise, on releases whose one-model path has no "
+        "floor for it (1.2.x), trtspec writes them as 1 (docs/eagle3.md)",
+    )
     baseline_endpoint: bool = Field(
         default=False,
         description="also serve `baseline`, a second, target-only LLM (the target's memory twice): the in-server A/B",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -188,6 +188,8 @@ ENGINE_STEP_TOKENS_GAUGE = "trtspec_engine_step_tokens"
 ENGINE_KV_BYTES_GAUGE = "trtspec_engine_kv_cache_bytes"
 # execute() only queues a request for the scheduler, so Triton's compute_infer no longer holds the engine's work
 ENGINE_BUSY_COUNTER = "trtspec_engine_busy_ns"
+# the in-engine EAGLE-3 head's work by kind (trtspec.reference_engine.eagle3.HeadWork): a k = 0 stretch adds none
+ENGINE_EAGLE3_HEAD_COUNTER = "trtspec_engine_eagle3_head_work"
 
 
 class EngineGauges:
@@ -199,7 +201,8 @@ class EngineGauges:
 
     MIN_INTERVAL_S = 0.25  # each gauge update is a round trip to the server: not at every step
 
-    def __init__(self, pb_utils: Any, model_name: str):
+    def __init__(self, pb_utils: Any, model_name: str, head_work: Sequence[str] = ()):
+        """`head_work`: the kinds of an in-engine EAGLE-3 head's work to count (none: the engine has no head)."""
         kind = pb_utils.MetricFamily.GAUGE
         self._families = {
             ENGINE_REQUESTS_GAUGE: pb_utils.MetricFamily(
@@ -219,10 +222,27 @@ class EngineGauges:
         self._tokens = self._families[ENGINE_STEP_TOKENS_GAUGE].Metric(labels)
         self._kv = self._families[ENGINE_KV_BYTES_GAUGE].Metric(labels)
         self._sent_at = 0.0
+        self._head: dict[str, Any] = {}
+        self._head_sent: dict[str, int] = {}
+        if head_work:
+            self._families[ENGINE_EAGLE3_HEAD_COUNTER] = family = pb_utils.MetricFamily(
+                name=ENGINE_EAGLE3_HEAD_COUNTER, kind=pb_utils.MetricFamily.COUNTER,
+                description="The in-engine EAGLE-3 head's work: target rows captured, head cache positions extended, "
+                "tokens drafted")
+            self._head = {kind: family.Metric(dict(labels, kind=kind)) for kind in head_work}
+            self._head_sent = dict.fromkeys(head_work, 0)
 
     def busy(self, ns: int) -> None:
         with TRITON_METRICS_LOCK:
             self._busy.increment(ns)
+
+    def head_work(self, totals: dict[str, int]) -> None:
+        """`totals`: HeadWork.as_dict(), counted since the engine started; sent as increments."""
+        with TRITON_METRICS_LOCK:
+            for kind, total in totals.items():
+                if kind in self._head and total > self._head_sent[kind]:
+                    self._head[kind].increment(total - self._head_sent[kind])
+                    self._head_sent[kind] = total
 
     def update(self, stats: Any) -> None:
         """`stats`: a trtspec.batching.SchedulerStats. Called after every step and once more when the engine has

@@ -141,10 +141,9 @@ class Planner:
         next_k = 0
         if self.in_target and k:
             # The target's own drafter (EAGLE-3) drafts for the next call as asked: the k the controller would
-            # draft next. Through a k = 0 stretch it is asked for one token: that keeps its cache current (and
-            # its first position's acceptance learnt, scored as a proposal not drafted), where asking for none
-            # would make the first call after the stretch recompute every position it missed.
-            next_k = k if not pol.adaptive else max(1, self.controller.next_draft_len("model", k, load))
+            # draft next. Through a k = 0 stretch it is asked for none, so the target does no head work; the first
+            # call that asks again has the engine catch the head up on every position it missed.
+            next_k = k if not pol.adaptive else self.controller.next_draft_len("model", k, load)
         plain = plain_run(None if self.stretch is None else self.stretch + 1, remaining) if self.runs else 1
         return Plan(source, key, n, tokens, probe, next_k, plain, missed, lookup_only, k)
 

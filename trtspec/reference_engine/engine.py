@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -126,17 +127,18 @@ class ReferenceEngine:
 
     # ------------------------------------------------------------------ forward with prefix reuse
 
-    def _open(self, tokens: list[int], need_logits: int = 1, max_reuse: int | None = None) -> tuple[Segment, int]:
+    def _open(self, tokens: list[int], need_logits: int = 1, max_reuse: int | None = None,
+              capture: bool = False) -> tuple[Segment, int]:
         """The segment that computes what `tokens` adds to its longest cached prefix (the cache taken out of
         the prefix cache), and how many tokens the cache served (at most `max_reuse`: the EAGLE-3 head needs the
-        features of every position its own cache lacks)."""
+        features of every position its own cache lacks; `capture`: keep those features)."""
         cache, reuse = self.cache.take(tokens)
         reuse = min(reuse, len(tokens) - need_logits, len(tokens) if max_reuse is None else max_reuse)
         if cache is None or reuse == 0:
             cache, reuse = new_cache(self.model.config), 0
         elif cache.get_seq_length() > reuse:
             cache.crop(reuse - cache.get_seq_length())  # negative: drop that many (transformers 4.x and 5.x)
-        return Segment(cache, list(tokens[reuse:]), reuse, need_logits), reuse
+        return Segment(cache, list(tokens[reuse:]), reuse, need_logits, capture=capture), reuse
 
     def forward(self, segments: list[Segment]) -> None:
         """One forward pass over all segments; sets each one's logits (raw, float32) and extends its cache.
@@ -144,7 +146,9 @@ class ReferenceEngine:
         would cost as much as the prefill itself."""
         batch = RaggedBatch(segments, row_invariant=self.batch_invariant)
         ids, pos, rows = batch.inputs(self.device)
-        with torch.inference_mode():
+        # the head's capture hooks only on a forward where some segment wants its features
+        capture = self.eagle3 is not None and any(seg.capture for seg in segments)
+        with torch.inference_mode(), self.eagle3.capturing() if capture else contextlib.nullcontext():
             if self.draft_vocab is None and self._head is not None:
                 out = self.model.base_model(input_ids=ids, position_ids=pos, use_cache=False, **batch.kwargs())
                 logits = self._head(out.last_hidden_state[0, rows]).float().contiguous()
@@ -157,10 +161,10 @@ class ReferenceEngine:
                 logits = torch.full((len(rows), self.vocab_size), float("-inf"), device=scores.device)
                 logits[:, self.draft_vocab] = scores
         batch.split_logits(logits)
-        if self.eagle3 is not None:
-            feats = self.eagle3.features()
-            for seg, (s, e) in zip(segments, batch.bounds):
-                seg.features = feats[s:e]
+        if capture:
+            wanted = [(seg, bounds) for seg, bounds in zip(segments, batch.bounds) if seg.capture]
+            for (seg, _), feats in zip(wanted, self.eagle3.features([b for _, b in wanted])):
+                seg.features = feats
 
     def _rng(self, req: EngineRequest) -> np.random.Generator:
         kind = 1 if req.draft_ids else 0
@@ -249,7 +253,8 @@ class ReferenceEngine:
         ended = False
         for step in range(req.output_len):
             need = n_in if step == 0 and req.return_context_logits else 1
-            segment, reuse = self._open(tokens, need, head.length if head is not None and step == 0 else None)
+            segment, reuse = self._open(tokens, need, head.length if head is not None and step == 0 else None,
+                                        capture=head is not None)
             yield segment
             feats.add(segment)
             logits, cache, n_computed = segment.logits, segment.cache, len(segment.tokens)
@@ -287,7 +292,7 @@ class ReferenceEngine:
         k = len(draft)
         need = len(seq) + k if req.return_context_logits else k + 1
         head = self.eagle3.begin(seq) if req.next_draft_len else None
-        segment, reuse = self._open(seq + draft, need, None if head is None else head.length)
+        segment, reuse = self._open(seq + draft, need, None if head is None else head.length, capture=head is not None)
         yield segment
         logits, n_computed = segment.logits, len(segment.tokens)
         self.cache.put(seq + draft, segment.cache, committed=len(seq))

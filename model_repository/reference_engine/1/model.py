@@ -48,14 +48,21 @@ class TritonPythonModel:
             linear_kernels=params.get("linear_kernels", "auto"),
             kernel_dir=params.get("kernel_dir") or None,
         )
-        self.gauges = EngineGauges(pb_utils, args["model_name"])
+        head = engine.eagle3.work if engine.eagle3 is not None else None
+        self.gauges = EngineGauges(pb_utils, args["model_name"], head_work=list(head.as_dict()) if head else ())
+
+        def on_forward(ns):  # before the step's finished requests are answered: their head work is counted
+            self.gauges.busy(ns)
+            if head is not None:
+                self.gauges.head_work(head.as_dict())
+
         self.scheduler = BatchScheduler(
             engine,
             max_batch_size=int(params.get("max_batch_size", "8")),
             max_num_tokens=int(params.get("max_num_tokens", "2048")),
             max_queue_size=int(params.get("max_queue_size", "0")),
             on_step=self.gauges.update,
-            on_forward=self.gauges.busy,
+            on_forward=on_forward,
         )
 
     def execute(self, requests):
