@@ -72,11 +72,13 @@ class Planner:
         self.controller = GoodputController(self.estimates, self.spec.adaptive)
         self.failed: set[str] = set()
         self.generated = 0
-        self.draft_seen = 0  # tokens of the sequence the draft model holds
+        self.draft_seen = 0  # tokens of the sequence the draft model (or the target's own drafter) holds
         # plain calls in a row: a request that cannot draft has whole runs from the start (None); streamed
         # requests, and the target's own drafter, take one token per call
         self.stretch: int | None = 0 if self.sources and self.policy.num_draft_tokens else None
-        self.runs = not self.policy.stream and not self.in_target
+        # a request that is not streamed takes its plain calls as runs (where the target's own drafter is asked for
+        # nothing: it catches up on the run's positions when next asked)
+        self.runs = not self.policy.stream
         self.unverified: list[tuple[str, int, list[int]]] = []  # free proposals not drafted: (key, len(seq), tokens)
         # a probe of the draft model that caught it up and was accepted: the next iteration drafts once more, a call
         # without catch-up (what drafting costs once it goes on; a call that catches up cannot tell its parts apart)
@@ -144,7 +146,7 @@ class Planner:
             # draft next. Through a k = 0 stretch it is asked for none, so the target does no head work; the first
             # call that asks again has the engine catch the head up on every position it missed.
             next_k = k if not pol.adaptive else self.controller.next_draft_len("model", k, load)
-        plain = plain_run(None if self.stretch is None else self.stretch + 1, remaining) if self.runs else 1
+        plain = plain_run(None if self.stretch is None else self.stretch + 1, remaining) if self.runs and not next_k else 1
         return Plan(source, key, n, tokens, probe, next_k, plain, missed, lookup_only, k)
 
     def outcome(
@@ -186,7 +188,8 @@ class Planner:
         if self.in_target:
             # a call's time includes the drafting it asks for: a clean sample of its k only where that
             # drafting goes with it (drafting k and asking k more, or a plain step in a stretch)
-            clean = clean and ((plan.next_k == len(draft)) if used == "model" else plan.next_k <= 1)
+            clean = clean and ((plan.next_k == len(draft)) if used == "model" else
+                               plan.next_k == 0 or (plan.next_k <= 1 and plan.missed <= 1))
         if used is not None and plan.tokens is not None:
             draft_s = 0.0  # a proposal that needed no engine call (the target's own drafter's came with its answer)
         # a plain run's cost per step: what a plain step costs where it is not a call of its own
@@ -196,7 +199,10 @@ class Planner:
                                draft_missed)
         if self.stretch is not None:  # a probe that failed does not end a stretch
             self.stretch = 0 if draft and (accepted or not plan.probe) else self.stretch + 1
-        if used is not None and SOURCES[used].needs_draft_model:
+        if self.in_target:
+            if plan.next_k:  # the target's own drafter caught up on the call's positions, and drafted from its end
+                self.draft_seen = len(seq)
+        elif used is not None and SOURCES[used].needs_draft_model:
             self.draft_seen = before + min(accepted, len(draft) - 1)
             if plan.probe and plan.calls_draft_model and plan.missed > 2 and accepted:
                 self.follow_up = plan
