@@ -110,3 +110,38 @@ def test_simulate_refuses_an_unknown_gpu_by_name():
 
     result = CliRunner().invoke(cli, ["simulate", "--costs", "gpu:h900"])
     assert result.exit_code != 0 and "unknown GPU 'h900'" in result.output and "h100" in result.output
+
+
+def _bench_engine_json(path, step_ms, verify, batch):
+    """What `trtspec bench-engine --json` writes (trtspec/commands/bench_engine.py), for one dtype."""
+    import json
+
+    run = {"requested_dtype": "float32", "dtype": "float32", "threads": 1, "context": 64, "weight_bytes": 1,
+           "bandwidth_gbs": 1.0, "limit_ms": step_ms / 1.5, "step_ms": step_ms, "device": "cpu", "sweep_ms": None,
+           "verify_ms": {str(n): step_ms * r for n, r in verify.items()},
+           "batch_ms": {str(m): step_ms * r for m, r in batch.items()}, "ratios": {}}
+    path.write_text(json.dumps({"checkpoint": "demo:target", "device": "cpu", "results": [run]}))
+    return path
+
+
+def test_simulate_runs_on_costs_measured_by_bench_engine(tmp_path):
+    from trtspec.cli import cli
+
+    # the demo pair on a 2-core CPU, as docs/benchmarks/engine.md records them: a row costs nearly what a step does
+    target = _bench_engine_json(tmp_path / "target.json", 55.0, {2: 1.1, 4: 1.25, 8: 1.8}, {4: 1.6, 8: 2.0, 16: 3.2})
+    draft = _bench_engine_json(tmp_path / "draft.json", 9.0, {2: 1.1, 4: 1.3, 8: 1.9}, {4: 1.7, 8: 2.3, 16: 3.5})
+    out = tmp_path / "cpu.json"
+    result = CliRunner().invoke(cli, ["simulate", "--costs", str(target), "--draft-costs", str(draft), "--concurrency",
+                                      "1,8", "--profiles", "medium", "--fixed-k", "1,2", "--requests", "16",
+                                      "--max-tokens", "64", "--prompt", "48", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "measured: cpu float32 (target.json) + cpu float32 (draft.json)" in result.output
+    assert "step 55.0 ms" in result.output
+    import json
+
+    cells = json.loads(out.read_text())["cells"]
+    assert [c["concurrency"] for c in cells] == ["1", "8"]
+    # a CPU's step grows with every row: target-only is the best fixed policy at 8 in flight, k = 1 at 1
+    assert cells[0]["best_fixed"] == "k=1" and cells[1]["best_fixed"] == "target-only"
+    missing = CliRunner().invoke(cli, ["simulate", "--costs", str(target), "--concurrency", "1"])
+    assert missing.exit_code != 0 and "needs --draft-costs" in missing.output
