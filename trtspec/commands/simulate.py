@@ -127,6 +127,7 @@ def _plot(cells: list, path: Path) -> None:
         ax.axhline(bar, color="grey", linestyle="--", linewidth=1)
         ax.set_title(title)
         ax.set_xlabel("requests in flight")
+        ax.tick_params(axis="x", rotation=30)
     ax_base.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
