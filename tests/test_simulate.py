@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from trtspec.bench.costs import GpuCosts, Shape
 from trtspec.bench.simulate import PROFILES, Policy, constant, run_matrix, simulate
 from trtspec.config import AdaptivePolicy
-from trtspec.speculative import Estimates, GoodputController
+from trtspec.controller import Estimates, GoodputController
 
 H100 = GpuCosts("h100", Shape.known("llama-3.1-8b"), Shape.known("llama-3.2-1b"))
 

@@ -6,10 +6,8 @@ from scipy.stats import chisquare
 
 from trtspec.metrics import SpecStats
 from trtspec.drafters import ESTIMATE_KEYS, estimate_key, ngram_match
+from trtspec.controller import MAX_PROBE_BACKOFF, Choice, Estimates, GoodputController
 from trtspec.speculative import (
-    Choice,
-    Estimates,
-    GoodputController,
     SamplingParams,
     draft_len_at_load,
     find_stop,
@@ -436,7 +434,8 @@ def test_controller_probes_are_the_deployments_not_each_requests():
     for _ in range(60):  # 60 requests of 12 iterations: per request, each would probe at its 9th
         ctl = GoodputController(est, AdaptivePolicy(probe_every=8))
         probes += sum(dep.iterate(ctl, load=1).probe for _ in range(12))
-    assert probes <= 720 // 64 + 4  # after the first few, one per 8 x probe_every iterations of the deployment
+    # after the first few, one per MAX_PROBE_BACKOFF x probe_every plain steps of the deployment
+    assert probes <= 720 // int(8 * MAX_PROBE_BACKOFF) + 4
 
 
 def test_spec_stats_rates_and_positions():

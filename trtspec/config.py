@@ -111,7 +111,7 @@ class ModelConfig(_Strict):
 
 
 class AdaptivePolicy(_Strict):
-    """The goodput controller (draft_length_policy: adaptive, trtspec.speculative.GoodputController): each
+    """The goodput controller (draft_length_policy: adaptive, trtspec.controller.GoodputController): each
     iteration it drafts the k (0 included) and source with the most expected tokens per second, from acceptance
     and engine costs it measures online, shared by the deployment's loop processes."""
 

@@ -26,7 +26,8 @@ from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal, TargetDraft
 from trtspec.logprobs import TopLogProbs
 from trtspec.metrics import SpecStats
 from trtspec.planner import Planner, RequestPolicy
-from trtspec.speculative import Estimates, find_stop
+from trtspec.controller import Estimates
+from trtspec.speculative import find_stop
 from trtspec.triton_io import to_words_list
 
 # (model name, input tensors, requested outputs) -> output tensors; raises EngineCallError on failure

@@ -18,7 +18,7 @@ import numpy as np
 
 from trtspec.contract import RESPONSE_STATS
 from trtspec.drafters import ESTIMATE_KEYS, SOURCES
-from trtspec.speculative import GoodputController
+from trtspec.controller import GoodputController
 
 REQUESTS_COUNTER = "spec_decode_num_requests"
 EMITTED_COUNTER = "spec_decode_num_emitted_tokens"
@@ -266,7 +266,7 @@ CONTROLLER_CATCHUP_GAUGE = "trtspec_controller_catchup_seconds_per_token"
 
 
 class ControllerGauges:
-    """The goodput controller's current estimates (trtspec.speculative.Estimates, shared by the deployment's loop
+    """The goodput controller's current estimates (trtspec.controller.Estimates, shared by the deployment's loop
     processes) as Triton gauges: why it chose the k it chose. Acceptance per draft position per source (given every
     earlier position was accepted), the measured seconds of a verify call by draft length and requests in flight,
     and a draft-model call's fitted seconds per drafted and per caught-up token by requests in the call; only
@@ -294,7 +294,7 @@ class ControllerGauges:
         self._metrics[key].set(float(value))
 
     def update(self, est: Any, positions: int) -> None:
-        """`est`: trtspec.speculative.Estimates; `positions`: draft positions to report (max_draft_len)."""
+        """`est`: trtspec.controller.Estimates; `positions`: draft positions to report (max_draft_len)."""
         now = time.monotonic()
         if now - self._sent_at < self.MIN_INTERVAL_S:
             return

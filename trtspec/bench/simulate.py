@@ -23,7 +23,7 @@ from trtspec.bench.costs import Costs
 from trtspec.config import SpeculativeConfig
 from trtspec.drafters import Proposal
 from trtspec.planner import Planner, RequestPolicy
-from trtspec.speculative import Estimates
+from trtspec.controller import Estimates
 
 VOCAB = 32000
 
