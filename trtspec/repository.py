@@ -28,6 +28,10 @@ from trtspec.config import BuildConfig, EngineKind, checkpoint_path
 from trtspec.drafters import drafts_in_target
 from trtspec.reference_engine.tensor_io import NEXT_DRAFT_IDS, NEXT_DRAFT_LEN
 from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_OUTPUTS, RESPONSE_STATS, nvidia
+from trtspec.guided import (
+    BACKEND as GUIDED_BACKEND, BACKEND_PARAMETER, GUIDE_START, TOKENIZER_INFO_FILE, TOKENIZER_INFO_PARAMETER,
+    GuidedSettings, write_tokenizer_info,
+)
 from trtspec.loop import LoopSettings
 from trtspec.pipeline.preflight import plan_max_num_tokens
 from trtspec.triton.loop_model import settings_parameter
@@ -147,8 +151,39 @@ def pre_post_io(config: mc.ModelConfig, version: str | None) -> None:
             config.input.add().CopyFrom(t)
 
 
-def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_input_names: dict[str, str]) -> LoopSettings:
+def guided_settings(cfg: BuildConfig, version: str | None, final_root: Path) -> GuidedSettings | None:
+    """How the deployment serves guided requests: None where its release's tensorrt_llm model declares no guide
+    inputs (before 0.19) or xgrammar is not installed (then guided requests are refused by name)."""
+    import importlib.util
+
+    declared = any(t.name == "guided_decoding_guide_type" for t in _contract(version, TARGET).inputs)
+    if not declared or importlib.util.find_spec("xgrammar") is None:
+        return None
+    from transformers import AutoConfig
+
+    vocab = int(AutoConfig.from_pretrained(str(checkpoint_path(cfg, "target"))).vocab_size)
+    return GuidedSettings(
+        tokenizer_info=str((final_root / TARGET / TOKENIZER_INFO_FILE).resolve()),
+        vocab_size=vocab,
+        # TensorRT-LLM's engine masks one position per step and restarts the guide per request (trtspec.guided)
+        mode="per_call" if cfg.engine is EngineKind.reference else "one_call",
+    )
+
+
+def _guided_params(config: mc.ModelConfig, guided: GuidedSettings | None, reference: bool) -> None:
+    """NVIDIA's tensorrt_llm parameters for guided decoding (model_instance_state.cc getGuidedDecodingConfigFromParams),
+    and the reference engine's extension input (where the guided output starts)."""
+    if guided is None:
+        return
+    _set_params(config, **{BACKEND_PARAMETER: GUIDED_BACKEND, TOKENIZER_INFO_PARAMETER: guided.tokenizer_info})
+    if reference:
+        _add_tensor(config.input, GUIDE_START, "INT32", (1,), optional=True)
+
+
+def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_input_names: dict[str, str],
+                  guided: GuidedSettings | None = None) -> LoopSettings:
     return LoopSettings(
+        guided=guided,
         speculative=cfg.speculative,
         max_input_len=cfg.limits.max_input_len,
         target_model=TARGET,
@@ -308,6 +343,7 @@ def _write_models(
     uses_model = cfg.draft is not None and spec.draft_source in ("model", "hybrid") and not drafts_in_target(cfg)
     w = _Writer(cfg, partial)
     tokenizer_dir = checkpoint_path(cfg, "target").resolve()
+    guided = guided_settings(cfg, version, partial.with_name(partial.name.removesuffix(".partial")))
 
     for name, count in (
         ("preprocessing", cfg.triton.preprocessing_instance_count),
@@ -320,9 +356,16 @@ def _write_models(
         w.write(c, TEMPLATES / name / "1" / "model.py")
 
     engine_py = TEMPLATES / "reference_engine" / "1" / "model.py" if cfg.engine is EngineKind.reference else None
-    w.write(w.batch(_engine_config(cfg, "target", TARGET, target_engine_dir, version, fractions.get("target"), kernel_dir)), engine_py)
+    reference = cfg.engine is EngineKind.reference
+    target = _engine_config(cfg, "target", TARGET, target_engine_dir, version, fractions.get("target"), kernel_dir)
+    _guided_params(target, guided, reference)
+    w.write(w.batch(target), engine_py)
+    if guided is not None:  # what NVIDIA's generate_xgrammar_tokenizer_info.py writes
+        write_tokenizer_info(tokenizer_dir, partial / TARGET)
     if cfg.draft is not None and uses_model:
-        w.write(w.batch(_engine_config(cfg, "draft", DRAFT, draft_engine_dir, version, fractions.get("draft"), kernel_dir)), engine_py)
+        draft = _engine_config(cfg, "draft", DRAFT, draft_engine_dir, version, fractions.get("draft"), kernel_dir)
+        _guided_params(draft, guided, reference)  # the draft's logits are masked too (same vocabulary)
+        w.write(w.batch(draft), engine_py)
     aliases = LEGACY_ENGINE_NAMES if legacy_tensor_names(version) else {}
     # token ids in (speculative, baseline_loop) or text in (ensemble, baseline): one LoopModel serves both
     for name, template, declare_io, baseline in (
@@ -333,7 +376,7 @@ def _write_models(
         c.name = name
         c.instance_group[0].count = cfg.triton.speculative_instance_count if not baseline else 1
         declare_io(c, version)
-        settings = loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases)
+        settings = loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases, guided=guided)
         _set_params(c, tokenizer_dir=tokenizer_dir, **settings_parameter(settings))
         w.write(c, TEMPLATES / LOOP / "1" / "model.py")
 

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from trtspec.guided import EngineGuide, GuideCache, guide_masks
 from trtspec.ragged import ATTENTION, RaggedBatch, Segment, register as register_attention
 from trtspec.reference_engine import device as device_settings
 from trtspec.reference_engine.device import _DTYPES, choose_precision, pick_device, tune_for_cpu
@@ -84,6 +85,7 @@ class ReferenceEngine:
         eagle3_head: str | Path | None = None,
         linear_kernels: str = "auto",
         kernel_dir: str | Path | None = None,
+        xgrammar_tokenizer_info: str | Path | None = None,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -117,6 +119,8 @@ class ReferenceEngine:
         if cache_bytes is None and cache_tokens:  # a budget in tokens: this model's KV bytes per token decide
             cache_bytes = cache_tokens * self.kv_bytes_per_token()
         self.cache = PrefixCache(cache_entries, cache_bytes)
+        # guided decoding as TensorRT-LLM's engine with guided_decoding_backend xgrammar (trtspec.guided)
+        self.guides = GuideCache(xgrammar_tokenizer_info, self.vocab_size) if xgrammar_tokenizer_info else None
         self.salt = salt  # decorrelates the random streams of the draft and the target under one seed
 
     def kv_bytes_per_token(self) -> int:
@@ -236,9 +240,15 @@ class ReferenceEngine:
         if req.next_draft_len and self.eagle3 is None:
             raise ValueError("next_draft_len: this engine has no EAGLE-3 head to draft with (deploy with "
                              "speculative.method: eagle3); leave next_draft_len out")
+        if req.guide is not None and self.guides is None:
+            raise ValueError("guided_decoding_guide_type: this engine was deployed without guided_decoding_backend "
+                             "xgrammar (and xgrammar_tokenizer_info_path); leave the guide out")
         if req.draft_ids:
             return self._verify(req)
         return self._generate(req)
+
+    def _guide(self, req: EngineRequest) -> EngineGuide | None:
+        return None if req.guide is None else EngineGuide(self.guides, req.guide, req.input_ids, req.guide_start)
 
     def _generate(self, req: EngineRequest) -> Steps:
         rng = self._rng(req)
@@ -251,6 +261,7 @@ class ReferenceEngine:
         head = self.eagle3.begin(tokens) if req.next_draft_len else None
         feats = _Features()
         ended = False
+        guide = self._guide(req)
         for step in range(req.output_len):
             need = n_in if step == 0 and req.return_context_logits else 1
             segment, reuse = self._open(tokens, need, head.length if head is not None and step == 0 else None,
@@ -268,12 +279,16 @@ class ReferenceEngine:
             if req.return_generation_logits:
                 logits_rows.append(raw)
             row = self._process(raw, tokens, req, step)
+            if guide is not None:  # the bitmask, before sampling
+                row = guide.mask(row)
             t = int(row.argmax()) if sampling.greedy else sample(probabilities(row, sampling), rng)
             result.last_token_ns = time.monotonic_ns()
             result.first_token_ns = result.first_token_ns or result.last_token_ns
             if req.end_id is not None and t == req.end_id:
                 ended = True
                 break  # the end token is not output and not counted
+            if guide is not None:
+                guide.accept(t)
             tokens.append(t)
             if req.return_log_probs:  # a softmax over the vocabulary: only when asked
                 log_probs.append(self._log_prob(row, t))
@@ -299,6 +314,10 @@ class ReferenceEngine:
         all_rows = logits.cpu().numpy()
         raw = all_rows[-(k + 1) :]
         rows = np.stack([self._process(raw[i], seq + draft[:i], req, i) for i in range(k + 1)])
+        # under a guide every position is masked by the grammar's state after the draft tokens before it
+        masks = [] if req.guide is None else guide_masks(self._guide(req), draft)
+        for i, allowed in enumerate(masks):
+            rows[i, ~allowed] = -np.inf
         sampling = self._sampling(req)
         if sampling.greedy:
             v = verify_greedy(draft, rows.argmax(axis=-1).tolist())
@@ -306,7 +325,10 @@ class ReferenceEngine:
             rng = self._rng(req)
             p = probabilities(rows, sampling)
             if req.draft_logits is not None and len(req.draft_logits) >= k:
-                q = probabilities(np.asarray(req.draft_logits[-k:], dtype=np.float64), req.sampling)
+                q_logits = np.array(req.draft_logits[-k:], dtype=np.float64)
+                for i, allowed in enumerate(masks[:k]):  # the draft sampled from its masked distribution
+                    q_logits[i, ~allowed] = -np.inf
+                q = probabilities(q_logits, req.sampling)
                 v = verify_rejection(draft, q, p, rng)
             else:
                 v = verify_by_target_sample(draft, p, rng)
