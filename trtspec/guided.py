@@ -27,6 +27,7 @@ for its whole output, without drafting (`guided_without_drafting` in its statist
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,7 +147,8 @@ def compile_guide(comp: Any, guide: Guide) -> Any:
             return comp.compile_grammar(xgr.Grammar.from_regex(guide.text))
         return comp.compile_grammar(xgr.Grammar.from_ebnf(guide.text))
     except Exception as e:  # xgrammar raises RuntimeError / ValueError / its own errors for a bad guide
-        raise RequestError(f"guided_decoding_guide: the {guide.type} guide does not compile: {e}") from None
+        why = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e).strip())  # xgrammar's log prefix: time, source line
+        raise RequestError(f"guided_decoding_guide: the {guide.type} guide does not compile: {why}") from None
 
 
 class Matcher:
