@@ -92,12 +92,24 @@ def tokenizer_info_dict(tokenizer: Any) -> dict[str, Any]:
     }
 
 
-def write_tokenizer_info(tokenizer_dir: str | Path, out_dir: Path) -> Path:
-    from transformers import AutoTokenizer
+def load_tokenizer_info(tokenizer_dir: str | Path) -> dict[str, Any] | None:
+    """The tokenizer info of a Hugging Face fast tokenizer; None where there is none (as NVIDIA's script, which
+    needs one; then the deployment refuses guided requests)."""
+    try:
+        from transformers import AutoTokenizer
 
+        return tokenizer_info_dict(AutoTokenizer.from_pretrained(str(tokenizer_dir)))
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return None
+
+
+def write_tokenizer_info(tokenizer_dir: str | Path, out_dir: Path, info: dict[str, Any] | None = None) -> Path:
+    info = info if info is not None else load_tokenizer_info(tokenizer_dir)
+    if info is None:
+        raise ValueError(f"{tokenizer_dir}: no Hugging Face fast tokenizer to take xgrammar's tokenizer info from")
     path = out_dir / TOKENIZER_INFO_FILE
     out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(tokenizer_info_dict(AutoTokenizer.from_pretrained(str(tokenizer_dir)))))
+    path.write_text(json.dumps(info))
     return path
 
 

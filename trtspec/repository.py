@@ -30,7 +30,7 @@ from trtspec.reference_engine.tensor_io import NEXT_DRAFT_IDS, NEXT_DRAFT_LEN
 from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_OUTPUTS, RESPONSE_STATS, nvidia
 from trtspec.guided import (
     BACKEND as GUIDED_BACKEND, BACKEND_PARAMETER, GUIDE_START, TOKENIZER_INFO_FILE, TOKENIZER_INFO_PARAMETER,
-    GuidedSettings, write_tokenizer_info,
+    GuidedSettings, load_tokenizer_info, write_tokenizer_info,
 )
 from trtspec.loop import LoopSettings
 from trtspec.pipeline.preflight import plan_max_num_tokens
@@ -153,11 +153,14 @@ def pre_post_io(config: mc.ModelConfig, version: str | None) -> None:
 
 def guided_settings(cfg: BuildConfig, version: str | None, final_root: Path) -> GuidedSettings | None:
     """How the deployment serves guided requests: None where its release's tensorrt_llm model declares no guide
-    inputs (before 0.19) or xgrammar is not installed (then guided requests are refused by name)."""
+    inputs (before 0.19), xgrammar is not installed, or the target has no fast tokenizer (then guided requests are
+    refused by name)."""
     import importlib.util
 
     declared = any(t.name == "guided_decoding_guide_type" for t in _contract(version, TARGET).inputs)
     if not declared or importlib.util.find_spec("xgrammar") is None:
+        return None
+    if load_tokenizer_info(checkpoint_path(cfg, "target")) is None:
         return None
     from transformers import AutoConfig
 
