@@ -197,3 +197,27 @@ def test_bad_guides_are_request_errors(pair):
     no_guided = SpeculativeLoop(loop_settings(max_draft_len=8), _call(engines))
     with pytest.raises(RequestError, match="does not serve guided decoding"):
         _run(no_guided, prompt=[1, 2], max_tokens=4, guided_decoding_guide_type="json")
+
+
+def test_on_tensorrt_llms_engine_a_guided_request_is_one_call_without_drafting(pair):
+    """TensorRT-LLM's engine masks one position per step and starts the guide at each request's first new token:
+    the loop sends the guide, no draft and no guided_decoding_start, and asks for the whole output at once."""
+    tok, engines, info = pair
+    calls = []
+
+    def call(model, t, wanted):
+        calls.append((model, dict(t)))
+        return _call(engines)(model, t, wanted)
+
+    settings = loop_settings(max_draft_len=8).model_copy(update={"guided": guided.GuidedSettings(
+        tokenizer_info=info, vocab_size=49152, mode="one_call")})
+    loop = SpeculativeLoop(settings, call)
+    got, stats = _run(loop, prompt=tok.encode(PROMPT), max_tokens=40, end_id=tok.eos_token_id, num_draft_tokens=4,
+                      stream=True, guided_decoding_guide_type="json_schema", guided_decoding_guide=json.dumps(SCHEMA))
+    assert [m for m, _ in calls] == ["tensorrt_llm"]
+    t = calls[0][1]
+    assert "draft_input_ids" not in t and guided.GUIDE_START not in t
+    assert int(t["request_output_len"].reshape(-1)[0]) == 40
+    assert t["guided_decoding_guide_type"].reshape(-1)[0] == b"json_schema"
+    assert stats.guided_without_drafting == 1 and stats.total_draft_tokens == 0
+    json.loads(tok.decode(got))
