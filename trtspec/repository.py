@@ -302,8 +302,10 @@ def generate_repository(
     trtllm_version: str | None = None,
     kv_cache_fractions: dict[str, float] | None = None,
     kernel_dir: Path | None = None,
+    final_dir: Path | None = None,
 ) -> Path:
-    """Writes `output_dir` (replacing it only once the new one is complete) and returns it."""
+    """Writes `output_dir` (replacing it only once the new one is complete) and returns it. `final_dir`: where the
+    repository is served from, if it is moved there after (the paths of files inside it point there)."""
     output_dir = Path(output_dir)
     version = trtllm_version or cfg.tensorrt_llm_version
     fractions = dict(kv_cache_fractions or {})
@@ -322,7 +324,8 @@ def generate_repository(
             write_llmapi_models(cfg, partial, w.write, load_template(TEXT), draft_dir=draft_engine_dir,
                                 version=version, kv_fraction=fractions.get("target"))
         else:
-            _write_models(cfg, partial, version, fractions, target_engine_dir, draft_engine_dir, kernel_dir)
+            _write_models(cfg, partial, version, fractions, target_engine_dir, draft_engine_dir, kernel_dir,
+                          Path(final_dir or output_dir))
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)  # nothing half-written is left looking finished
         raise
@@ -340,13 +343,14 @@ def _write_models(
     target_engine_dir: Path | None,
     draft_engine_dir: Path | None,
     kernel_dir: Path | None = None,
+    final_root: Path | None = None,
 ) -> None:
     spec = cfg.speculative
     # an EAGLE-3 head drafts inside the target engine: no tensorrt_llm_draft model
     uses_model = cfg.draft is not None and spec.draft_source in ("model", "hybrid") and not drafts_in_target(cfg)
     w = _Writer(cfg, partial)
     tokenizer_dir = checkpoint_path(cfg, "target").resolve()
-    guided = guided_settings(cfg, version, partial.with_name(partial.name.removesuffix(".partial")))
+    guided = guided_settings(cfg, version, final_root or partial.with_name(partial.name.removesuffix(".partial")))
 
     for name, count in (
         ("preprocessing", cfg.triton.preprocessing_instance_count),
