@@ -243,14 +243,13 @@ class ReferenceEngine:
         if req.guide is not None and self.guides is None:
             raise ValueError("guided_decoding_guide_type: this engine was deployed without guided_decoding_backend "
                              "xgrammar (and xgrammar_tokenizer_info_path); leave the guide out")
+        # the guide is compiled and replayed over the output in input_ids here: a bad one fails before any step
+        guide = None if req.guide is None else EngineGuide(self.guides, req.guide, req.input_ids, req.guide_start)
         if req.draft_ids:
-            return self._verify(req)
-        return self._generate(req)
+            return self._verify(req, guide)
+        return self._generate(req, guide)
 
-    def _guide(self, req: EngineRequest) -> EngineGuide | None:
-        return None if req.guide is None else EngineGuide(self.guides, req.guide, req.input_ids, req.guide_start)
-
-    def _generate(self, req: EngineRequest) -> Steps:
+    def _generate(self, req: EngineRequest, guide: EngineGuide | None = None) -> Steps:
         rng = self._rng(req)
         n_in = len(req.input_ids)
         tokens = list(req.input_ids)
@@ -261,7 +260,6 @@ class ReferenceEngine:
         head = self.eagle3.begin(tokens) if req.next_draft_len else None
         feats = _Features()
         ended = False
-        guide = self._guide(req)
         for step in range(req.output_len):
             need = n_in if step == 0 and req.return_context_logits else 1
             segment, reuse = self._open(tokens, need, head.length if head is not None and step == 0 else None,
@@ -302,7 +300,7 @@ class ReferenceEngine:
             result.next_draft_ids = self.eagle3.finish(head, tokens, feats.start, feats.rows, req.next_draft_len)
         return result
 
-    def _verify(self, req: EngineRequest) -> Steps:
+    def _verify(self, req: EngineRequest, guide: EngineGuide | None = None) -> Steps:
         seq, draft = list(req.input_ids), [int(t) for t in req.draft_ids or []]
         k = len(draft)
         need = len(seq) + k if req.return_context_logits else k + 1
@@ -315,7 +313,7 @@ class ReferenceEngine:
         raw = all_rows[-(k + 1) :]
         rows = np.stack([self._process(raw[i], seq + draft[:i], req, i) for i in range(k + 1)])
         # under a guide every position is masked by the grammar's state after the draft tokens before it
-        masks = [] if req.guide is None else guide_masks(self._guide(req), draft)
+        masks = [] if guide is None else guide_masks(guide, draft)
         for i, allowed in enumerate(masks):
             rows[i, ~allowed] = -np.inf
         sampling = self._sampling(req)
