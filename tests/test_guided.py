@@ -221,3 +221,21 @@ def test_on_tensorrt_llms_engine_a_guided_request_is_one_call_without_drafting(p
     assert t["guided_decoding_guide_type"].reshape(-1)[0] == b"json_schema"
     assert stats.guided_without_drafting == 1 and stats.total_draft_tokens == 0
     json.loads(tok.decode(got))
+
+
+def test_eagle3_proposals_under_a_guide_give_the_target_only_tokens(pair, demo_pair):
+    """The in-engine EAGLE-3 head drafts without the guide; the loop cuts its proposals at the first refused token."""
+    from trtspec.demo_pair import EAGLE3_ASSET_DIR
+
+    tok, engines, info = pair
+    target = ReferenceEngine(demo_pair.target, device="cpu", dtype="float32", eagle3_head=EAGLE3_ASSET_DIR,
+                             xgrammar_tokenizer_info=info)
+    settings = _settings(info, 49152, method="eagle3").model_copy(update={"draft_model": None})
+    loop = SpeculativeLoop(settings, _call({"tensorrt_llm": target}))
+    base = SpeculativeLoop(_settings(info, 49152, draft_disabled=True), _call(engines))
+    kw = dict(prompt=tok.encode(PROMPT), max_tokens=60, end_id=tok.eos_token_id, guided_decoding_guide_type="json_schema",
+              guided_decoding_guide=json.dumps(SCHEMA))
+    want, _ = _run(base, **kw)
+    got, stats = _run(loop, num_draft_tokens=3, draft_source="model", draft_length_policy="fixed", **kw)
+    assert got == want
+    assert stats.total_draft_tokens > 0

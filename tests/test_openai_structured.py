@@ -52,6 +52,33 @@ def name(api):
     return api.deployment.name
 
 
+# ------------------------------------------------------------------------------------------ fast, no server
+
+
+def test_plans_and_tool_call_parsing() -> None:
+    from trtspec.openai.structured import NamedToolChoice, PlanError, Tool, parse_tool_calls, plan
+
+    tools = [Tool(**t) for t in TOOLS]
+    p = plan(None, tools, "required", parallel_tool_calls=False)
+    assert p.mode == "required" and p.guide_type == "ebnf_grammar"
+    calls = parse_tool_calls(p, '[{"name": "get_time", "parameters": {"city": "Oslo"}}]')
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("get_time", {"city": "Oslo"})]
+    auto = plan(None, tools, None)
+    assert auto.mode == "auto" and auto.guide_type is None
+    tagged = '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome", "unit": "C"}}</tool_call>'
+    assert parse_tool_calls(auto, tagged)[0]["function"]["name"] == "get_weather"
+    assert parse_tool_calls(auto, "It is sunny.") is None
+    assert parse_tool_calls(auto, '{"name": "unknown", "arguments": {}}') is None
+    named = plan(None, tools, NamedToolChoice(type="function", function={"name": "get_time"}))
+    assert parse_tool_calls(named, '{"city": "Lima"}')[0]["function"] == {"name": "get_time", "arguments": '{"city": "Lima"}'}
+    assert plan(None, tools, "none").mode == "text"
+    nope = NamedToolChoice(type="function", function={"name": "nope"})
+    for args in ((None, [], "required"), (None, tools, nope)):
+        with pytest.raises(PlanError) as e:
+            plan(*args)
+        assert e.value.param == "tool_choice"
+
+
 def _fmt(schema=CITY, strict=True):
     return {"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": strict}}
 

@@ -225,8 +225,9 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
 
     @app.post("/v1/chat/completions", response_model=None, responses=ERROR_RESPONSES)
     async def chat_completions(req: ChatCompletionRequest) -> Any:
-        prompt = backend.render_chat(req.template_messages(), req.structured.tools)
-        return await _generate(req, prompt, "messages", chat=True, structured=req.structured)
+        structured = req.structured()
+        prompt = backend.render_chat(req.template_messages(), structured.tools)
+        return await _generate(req, prompt, "messages", chat=True, structured=structured)
 
     async def _generate(req: _GenerationRequest, prompt: str, prompt_param: str, chat: bool, echo: str = "",
                         structured: Plan | None = None) -> Any:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trtspec.contract import MAX_TOP_LOG_PROBS, RequestError, field_by_name
-from trtspec.openai.structured import Plan, ResponseFormat, Tool, ToolChoice, plan
+from trtspec.openai.structured import Plan, PlanError, ResponseFormat, Tool, ToolChoice, plan
 
 
 class OpenAIError(Exception):
@@ -204,16 +204,13 @@ class ChatCompletionRequest(_GenerationRequest):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    _plan: Plan = PrivateAttr(default_factory=Plan)
 
-    @model_validator(mode="after")
-    def _structured(self) -> "ChatCompletionRequest":
-        self._plan = plan(self.response_format, self.tools, self.tool_choice, self.parallel_tool_calls)
-        return self
-
-    @property
     def structured(self) -> Plan:
-        return self._plan
+        """The guide and how the output is read (raises OpenAIError 400 naming the field)."""
+        try:
+            return plan(self.response_format, self.tools, self.tool_choice, self.parallel_tool_calls)
+        except PlanError as e:
+            raise OpenAIError(400, str(e), param=e.param) from None
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> "ChatCompletionRequest":

@@ -2,8 +2,8 @@
 (trtspec.guided: the deployment's guided decoding, exact under speculation), and tool calls parsed from the output.
 
 As vLLM and Triton's OpenAI frontend handle them:
-* response_format json_object -> guide type json; json_schema -> json_schema with its schema (`strict` or not: the
-  output always follows the schema, as vLLM's guided decoding);
+* response_format json_object -> an object; json_schema -> its schema (`strict` or not: the output always follows
+  the schema, as vLLM's guided decoding), each sent as xgrammar's grammar for it (json_guide);
 * tools are rendered by the chat template (`tools=`); a template that ignores them gets them in a system message;
 * tool_choice none: no tool calls; auto: no guide, a call the output holds ({"name", "arguments"} JSON, alone, in a
   list, or in <tool_call> tags) is parsed into tool_calls; required: a guide for a non-empty list of
@@ -71,6 +71,28 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
+class PlanError(ValueError):
+    """A request whose structured output cannot be served: a 400 naming `param`."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def json_guide(schema: dict[str, Any], param: str) -> tuple[str, str]:
+    """A JSON schema as the guide sent to the deployment: xgrammar's grammar for it with single spaces between tokens
+    (any_whitespace false), as an ebnf_grammar guide. The engines would compile a json_schema guide as TensorRT-LLM
+    does, with any whitespace between tokens, where a small model can emit newlines until max_tokens; the grammar
+    keeps the schema and leaves it no room for that. A schema that does not compile is refused here, by name."""
+    import xgrammar as xgr
+
+    try:
+        return "ebnf_grammar", str(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False))
+    except Exception as e:  # xgrammar's errors for a schema it cannot convert
+        why = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e).strip())
+        raise PlanError(f"{param}: the schema does not compile: {why}", param) from None
+
+
 @dataclass
 class Plan:
     """What a chat request asks for beyond text: the guide it sends, and how its output is read."""
@@ -89,33 +111,37 @@ class Plan:
 
 def plan(response_format: ResponseFormat | None, tools: list[Tool] | None, tool_choice: ToolChoice | None,
          parallel_tool_calls: bool | None = None) -> Plan:
-    """Raises ValueError (a 400) for a combination that cannot be served."""
+    """Raises PlanError (a 400 naming the field) for what cannot be served."""
     tools = list(tools or [])
     choice = tool_choice if tool_choice is not None else ("auto" if tools else "none")
     if choice != "none" and not tools:
-        raise ValueError("tool_choice needs tools")
+        raise PlanError("tool_choice needs tools", "tool_choice")
     names = [t.function.name for t in tools]
     if len(set(names)) != len(names):
-        raise ValueError("tools: function names must be unique")
+        raise PlanError("tools: function names must be unique", "tools")
     p = Plan(tools=tools)
     if response_format is not None and response_format.type != "text":
-        if choice in ("required",) or isinstance(choice, NamedToolChoice):
-            raise ValueError("response_format and a required or named tool_choice both constrain the output: send one")
+        if choice == "required" or isinstance(choice, NamedToolChoice):
+            raise PlanError("response_format and a required or named tool_choice both constrain the output: send one",
+                            "response_format")
         if response_format.type == "json_object":
-            p.guide_type = "json"
+            p.param = "response_format"
+            p.guide_type, p.guide = json_guide(ANY_OBJECT, p.param)
         else:
             schema = response_format.json_schema.schema_
-            p.guide_type, p.guide = "json_schema", json.dumps(schema if schema is not None else ANY_OBJECT)
-        p.param = "response_format.json_schema.schema" if response_format.type == "json_schema" else "response_format"
+            p.param = "response_format.json_schema.schema"
+            p.guide_type, p.guide = json_guide(schema if schema is not None else ANY_OBJECT, p.param)
         return p
     if isinstance(choice, NamedToolChoice):
         tool = next((t for t in tools if t.function.name == choice.function.name), None)
         if tool is None:
-            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among tools ({', '.join(names)})")
-        p.mode, p.named = "named", tool.function.name
-        p.guide_type, p.guide, p.param = "json_schema", json.dumps(tool.function.parameters or ANY_OBJECT), "tools"
+            raise PlanError(f"tool_choice names {choice.function.name!r}, which is not among tools ({', '.join(names)})",
+                            "tool_choice")
+        p.mode, p.named, p.param = "named", tool.function.name, "tools"
+        p.guide_type, p.guide = json_guide(tool.function.parameters or ANY_OBJECT, f"tools.{tool.function.name}.parameters")
     elif choice == "required":
-        p.mode, p.guide_type, p.guide, p.param = "required", "json_schema", json.dumps(required_schema(tools, parallel_tool_calls is not False)), "tools"
+        p.mode, p.param = "required", "tools"
+        p.guide_type, p.guide = json_guide(required_schema(tools, parallel_tool_calls is not False), "tools")
     elif choice == "auto":
         p.mode = "auto"
     return p
