@@ -195,7 +195,7 @@ class Matcher:
         """Accepts tokens in order up to the first one refused; how many were accepted."""
         n = 0
         for t in tokens:
-            if not self.accept(t):
+            if self.terminated or not self.accept(t):  # nothing follows an accepted end token
                 break
             n += 1
         return n
@@ -212,8 +212,8 @@ class Matcher:
 class GuideCache:
     """Compiled grammars of one process by guide (xgrammar caches too, but keyed on the text only after parsing)."""
 
-    def __init__(self, settings_or_path: str | Path, vocab_size: int, entries: int = 64):
-        self.comp = compiler(settings_or_path, vocab_size)
+    def __init__(self, tokenizer_info: str | Path, vocab_size: int, entries: int = 64):
+        self.comp = compiler(tokenizer_info, vocab_size)
         self.vocab_size = vocab_size
         self.entries = entries
         self._compiled: OrderedDict[Guide, Any] = OrderedDict()
