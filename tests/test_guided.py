@@ -173,7 +173,7 @@ def test_sampled_guided_output_follows_the_guide(pair):
 def test_proposals_are_cut_at_the_first_refused_token(pair):
     tok, _, info = pair
     req = LoopRequest(prompt=[1, 2, 3], max_tokens=10, guided_decoding_guide_type="regex", guided_decoding_guide="ab+c")
-    g = guided.GuidedRequest.start(req, guided.GuidedSettings(tokenizer_info=info, vocab_size=49152))
+    g = guided.GuidedRequest.start(req, _settings(info, 49152, draft_disabled=True))
     from trtspec.drafters import Proposal
 
     a, b, c, x = (tok.convert_tokens_to_ids(s) for s in ("a", "b", "c", "x"))
@@ -239,3 +239,24 @@ def test_eagle3_proposals_under_a_guide_give_the_target_only_tokens(pair, demo_p
     got, stats = _run(loop, num_draft_tokens=3, draft_source="model", draft_length_policy="fixed", **kw)
     assert got == want
     assert stats.total_draft_tokens > 0
+
+
+def test_what_the_grammar_forces_is_drafted_and_always_accepted(pair):
+    """A plain iteration drafts the text the grammar forces: the output is the target-only one; the baseline drafts
+    nothing."""
+    tok, engines, info = pair
+    regex = r"The answer is (yes|no), because of [a-z]{3,10}\."
+    req = LoopRequest(prompt=[1, 2], max_tokens=10, guided_decoding_guide_type="regex", guided_decoding_guide=regex)
+    g = guided.GuidedRequest.start(req, _settings(info, 49152))
+    from trtspec.drafters import Proposal
+
+    forced = g.cut(Proposal([]))
+    assert tok.decode(forced.tokens) == "The answer is "
+    assert g.cut(Proposal([]), plain=16).tokens == []  # a plain run steps them anyway
+    assert guided.GuidedRequest.start(req, _settings(info, 49152, draft_disabled=True)).cut(Proposal([])).tokens == []
+    kw = dict(prompt=tok.encode(PROMPT), max_tokens=40, end_id=tok.eos_token_id, stream=True,
+              guided_decoding_guide_type="regex", guided_decoding_guide=regex)
+    want, _ = _run(SpeculativeLoop(_settings(info, 49152, draft_disabled=True), _call(engines)), **kw)
+    got, stats = _run(SpeculativeLoop(_settings(info, 49152), _call({"tensorrt_llm": engines["tensorrt_llm"]})),
+                      draft_source="ngram", **kw)
+    assert got == want and stats.total_draft_tokens >= 4 and stats.total_accepted_draft_tokens >= 3

@@ -142,7 +142,35 @@ def compiler(tokenizer_info: str | Path, vocab_size: int) -> Any:
             tok = xgr.TokenizerInfo(info["encoded_vocab"], xgr.VocabType(meta["vocab_type"]), vocab_size=vocab_size,
                                     stop_token_ids=info["stop_token_ids"], add_prefix_space=meta["add_prefix_space"])
             _COMPILERS[key] = xgr.GrammarCompiler(tok)
+            _VOCABS[key] = _by_bytes(tok.decoded_vocab)
         return _COMPILERS[key]
+
+
+_VOCABS: dict[tuple[str, int], dict[bytes, int]] = {}
+
+
+def _by_bytes(decoded: Sequence[bytes]) -> dict[bytes, int]:
+    """Each token's bytes -> its id (the first id where several decode alike); special tokens (empty) left out."""
+    out: dict[bytes, int] = {}
+    for i, b in enumerate(decoded):
+        if b:
+            out.setdefault(bytes(b), i)
+    return out
+
+
+def tokenize_greedy(text: bytes, vocab: dict[bytes, int], longest: int) -> list[int]:
+    """Longest-match tokens of `text` (the usual split for byte-level BPE vocabularies, not always BPE's own)."""
+    out, i = [], 0
+    while i < len(text):
+        for n in range(min(longest, len(text) - i), 0, -1):
+            t = vocab.get(text[i : i + n])
+            if t is not None:
+                out.append(t)
+                i += n
+                break
+        else:
+            break
+    return out
 
 
 def compile_guide(comp: Any, guide: Guide) -> Any:
@@ -214,6 +242,8 @@ class GuideCache:
 
     def __init__(self, tokenizer_info: str | Path, vocab_size: int, entries: int = 64):
         self.comp = compiler(tokenizer_info, vocab_size)
+        self.by_bytes = _VOCABS[(str(tokenizer_info), vocab_size)]
+        self.longest = max(map(len, self.by_bytes), default=1)
         self.vocab_size = vocab_size
         self.entries = entries
         self._compiled: OrderedDict[Guide, Any] = OrderedDict()
@@ -254,19 +284,27 @@ class GuidedRequest:
     """A guided request in the loop: the tensors its engine calls carry, and its grammar state over the output
     accepted so far, which cuts proposals at the first token the grammar refuses."""
 
-    def __init__(self, guide: Guide, settings: GuidedSettings, prompt_len: int):
+    def __init__(self, guide: Guide, settings: GuidedSettings, prompt_len: int, forced_max: int = 0):
         self.guide, self.settings, self.prompt_len = guide, settings, prompt_len
-        self.matcher = guide_cache(settings).matcher(guide)  # compiles: a bad guide is a RequestError here
+        self.forced_max = forced_max if settings.mode == "per_call" else 0
+        self.cache = guide_cache(settings)
+        self.matcher = self.cache.matcher(guide)  # compiles: a bad guide is a RequestError here
 
     @classmethod
-    def start(cls, req: Any, settings: GuidedSettings | None) -> "GuidedRequest | None":
+    def start(cls, req: Any, loop_settings: Any) -> "GuidedRequest | None":
+        """`loop_settings`: the deployment's LoopSettings. None without a guide; a RequestError for a bad one."""
         guide = guide_of(getattr(req, "guided_decoding_guide_type", None), getattr(req, "guided_decoding_guide", None))
         if guide is None:
             return None
+        settings = loop_settings.guided
         if settings is None:
             raise RequestError("guided_decoding_guide_type: this deployment does not serve guided decoding (its "
                                "TensorRT-LLM release's backend declares no guide inputs, or xgrammar is not installed)")
-        return cls(guide, settings, len(req.prompt))
+        # the target-only endpoint, or a request that asks for no drafting, drafts nothing, not even what is forced
+        spec = loop_settings.speculative
+        k = spec.num_draft_tokens if getattr(req, "num_draft_tokens", None) is None else req.num_draft_tokens
+        forced = 0 if loop_settings.draft_disabled or not k else spec.max_draft_len
+        return cls(guide, settings, len(req.prompt), forced)
 
     @property
     def drafts(self) -> bool:
@@ -285,18 +323,33 @@ class GuidedRequest:
         """Tokens a call without a draft asks for: all that remain where the engine restarts the guide per call."""
         return plain if self.drafts else remaining
 
-    def cut(self, proposal: "Proposal") -> "Proposal":
-        """The proposal up to the first token the grammar refuses (its logits rows with it)."""
+    def cut(self, proposal: "Proposal", plain: int = 1) -> "Proposal":
+        """The proposal up to the first token the grammar refuses (its logits rows with it). An iteration without a
+        proposal that would step one token (`plain` 1) drafts what the grammar forces instead: the text it allows
+        alone from here (a schema's keys and punctuation, xgrammar's jump-forward string), as tokens; the target
+        verifies them in one call instead of one call each (it may split the text differently: then it rejects
+        from there)."""
+        from dataclasses import replace
+
         if not proposal.tokens:
-            return proposal
+            forced = self.forced() if plain == 1 else []
+            return replace(proposal, tokens=forced) if forced else proposal
         n = self.matcher.advance(proposal.tokens)
         self.matcher.rollback(n)
         if n == len(proposal.tokens):
             return proposal
-        from dataclasses import replace
-
         logits = proposal.logits[:, :n] if proposal.logits is not None and n else None
         return replace(proposal, tokens=proposal.tokens[:n], logits=logits)
+
+    def forced(self) -> list[int]:
+        """The tokens of the text the grammar forces from here (at most forced_max), its state unchanged."""
+        if not self.forced_max or self.matcher.terminated:
+            return []
+        text = self.matcher.m.find_jump_forward_string().encode("utf-8")
+        tokens = tokenize_greedy(text, self.cache.by_bytes, self.cache.longest)[: self.forced_max]
+        n = self.matcher.advance(tokens)
+        self.matcher.rollback(n)
+        return tokens[:n]
 
     def accept(self, new: Sequence[int]) -> None:
         """The output the target accepted (always within the grammar: the engine sampled it masked)."""

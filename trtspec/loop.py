@@ -289,7 +289,7 @@ class SpeculativeLoop:
     def run(self, req: LoopRequest) -> Iterator[Step]:
         """Yields one Step per target call (the last has final=True). Raises RequestError."""
         validate(req, self.settings)
-        guided = GuidedRequest.start(req, self.settings.guided)  # guided decoding (trtspec.guided): None without a guide
+        guided = GuidedRequest.start(req, self.settings)  # guided decoding (trtspec.guided): None without a guide
         planner = self.planner(req, drafting=guided is None or guided.drafts)
         planner.stats.guided_without_drafting = int(guided is not None and not guided.drafts)
         common = self._sampling_tensors(req)
@@ -318,7 +318,7 @@ class SpeculativeLoop:
                     except EngineCallError:
                         draft_failed = True
                 draft_s = time.perf_counter() - t0
-            proposal = guided.cut(proposal) if guided else proposal  # no draft token the grammar refuses
+            proposal = guided.cut(proposal, plan.plain) if guided else proposal  # no token the grammar refuses
             draft = proposal.tokens
             remaining = req.max_tokens - len(generated)
             plan = replace(plan, plain=guided.plain(plan.plain, remaining)) if guided else plan
