@@ -14,7 +14,7 @@ accepted prefix, and none at all when the end token comes first.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from trtspec.config import SpeculativeConfig
 from trtspec.contract import REQUEST_FIELDS, RequestError
 from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target
+from trtspec.guided import GuidedRequest, GuidedSettings
 from trtspec.logprobs import TopLogProbs
 from trtspec.metrics import SpecStats
 from trtspec.planner import Planner, RequestPolicy
@@ -58,6 +59,7 @@ class LoopSettings(BaseModel):
     draft_disabled: bool = False  # the target-only baseline endpoint
     engine_input_names: dict[str, str] = {}  # TensorRT-LLM version aliases, e.g. {"min_tokens": "min_length"}
     max_concurrent_requests: int = 64
+    guided: GuidedSettings | None = None  # None: guided requests are refused (trtspec.guided)
 
     def engine_name(self, name: str) -> str:
         return self.engine_input_names.get(name, name)
@@ -94,6 +96,8 @@ class LoopRequest:
     return_num_output_tokens: bool | None = None
     return_log_probs: bool | None = None  # the target's log-probability of each token it emits
     top_log_probs: int | None = None  # N: the target's N most likely tokens at each emitted position
+    guided_decoding_guide_type: str | None = None  # trtspec.guided
+    guided_decoding_guide: str | None = None
 
 
 @dataclass
@@ -266,13 +270,14 @@ class SpeculativeLoop:
         call = self._draft_call(common)
         return {name: SOURCES[name].make(self.settings, call) for name in sources}
 
-    def planner(self, req: LoopRequest) -> Planner:
-        """The request's decisions (trtspec.planner): its sources, policy and k, on this deployment."""
+    def planner(self, req: LoopRequest, drafting: bool = True) -> Planner:
+        """The request's decisions (trtspec.planner): its sources, policy and k, on this deployment; `drafting` false:
+        none (a guided request on an engine that cannot verify drafts under its guide)."""
         spec = self.settings.speculative
         selection = req.draft_source or spec.draft_source
         in_target = drafts_in_target(self.settings)
         sources = Planner.sources_for(selection, self.settings.draft_model is not None, in_target,
-                                      self.settings.draft_disabled)
+                                      self.settings.draft_disabled or not drafting)
         policy = RequestPolicy(
             max_tokens=req.max_tokens,
             num_draft_tokens=spec.num_draft_tokens if req.num_draft_tokens is None else req.num_draft_tokens,
@@ -285,8 +290,11 @@ class SpeculativeLoop:
     def run(self, req: LoopRequest) -> Iterator[Step]:
         """Yields one Step per target call (the last has final=True). Raises RequestError."""
         validate(req, self.settings)
-        planner = self.planner(req)
+        guided = GuidedRequest.start(req, self.settings)  # guided decoding (trtspec.guided): None without a guide
+        planner = self.planner(req, drafting=guided is None or guided.drafts)
+        planner.stats.guided_without_drafting = int(guided is not None and not guided.drafts)
         common = self._sampling_tensors(req)
+        common.update(guided.engine_tensors() if guided else {})
         verify_common = dict(common, stop_words_list=to_words_list(req.stop_words)) if req.stop_words else common
         drafters = self._drafters(planner.sources, common)
         in_target = drafters.get("model") if planner.in_target else None
@@ -311,8 +319,10 @@ class SpeculativeLoop:
                     except EngineCallError:
                         draft_failed = True
                 draft_s = time.perf_counter() - t0
+            proposal = guided.cut(proposal, plan.plain) if guided else proposal  # no token the grammar refuses
             draft = proposal.tokens
             remaining = req.max_tokens - len(generated)
+            plan = replace(plan, plain=guided.plain(plan.plain, remaining)) if guided else plan
             t0 = time.perf_counter()
             with self.estimates.target_call(1 + len(draft)) as step:  # a step's tokens: a plain run's is 1
                 new, log_probs, top = self._verify(
@@ -334,6 +344,8 @@ class SpeculativeLoop:
                     new, done = (generated + new)[len(generated) : cut], True
             before = list(generated)
             generated += new
+            if guided:
+                guided.accept(new)
             seq += new
             planner.outcome(plan, load, draft, raw, verify_s, draft_s, seq, len(new), propose, draft_failed, batch[0],
                             step[0], batch[1])

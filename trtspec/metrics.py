@@ -37,6 +37,7 @@ class SpecStats:
     draft_fallbacks: int = 0  # draft calls that failed; the request went on target-only
     load_paused_iterations: int = 0  # iterations without a draft for load: max_concurrency or draft_len_schedule
     acceptance_derived: int = 0  # 1 (per request): figures derived from tokens and steps, the engine reported none
+    guided_without_drafting: int = 0  # 1 (per request): guided, on an engine that cannot verify drafts under a guide
     proposed_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     draft_len_counts: list[int] = field(default_factory=list)  # entry k: iterations that verified k draft tokens

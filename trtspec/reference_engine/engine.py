@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from trtspec.guided import EngineGuide, GuideCache, guide_masks
 from trtspec.ragged import ATTENTION, RaggedBatch, Segment, register as register_attention
 from trtspec.reference_engine import device as device_settings
 from trtspec.reference_engine.device import _DTYPES, choose_precision, pick_device, tune_for_cpu
@@ -84,6 +85,7 @@ class ReferenceEngine:
         eagle3_head: str | Path | None = None,
         linear_kernels: str = "auto",
         kernel_dir: str | Path | None = None,
+        xgrammar_tokenizer_info: str | Path | None = None,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -117,6 +119,8 @@ class ReferenceEngine:
         if cache_bytes is None and cache_tokens:  # a budget in tokens: this model's KV bytes per token decide
             cache_bytes = cache_tokens * self.kv_bytes_per_token()
         self.cache = PrefixCache(cache_entries, cache_bytes)
+        # guided decoding as TensorRT-LLM's engine with guided_decoding_backend xgrammar (trtspec.guided)
+        self.guides = GuideCache(xgrammar_tokenizer_info, self.vocab_size) if xgrammar_tokenizer_info else None
         self.salt = salt  # decorrelates the random streams of the draft and the target under one seed
 
     def kv_bytes_per_token(self) -> int:
@@ -236,11 +240,16 @@ class ReferenceEngine:
         if req.next_draft_len and self.eagle3 is None:
             raise ValueError("next_draft_len: this engine has no EAGLE-3 head to draft with (deploy with "
                              "speculative.method: eagle3); leave next_draft_len out")
+        if req.guide is not None and self.guides is None:
+            raise ValueError("guided_decoding_guide_type: this engine was deployed without guided_decoding_backend "
+                             "xgrammar (and xgrammar_tokenizer_info_path); leave the guide out")
+        # the guide is compiled and replayed over the output in input_ids here: a bad one fails before any step
+        guide = None if req.guide is None else EngineGuide(self.guides, req.guide, req.input_ids, req.guide_start)
         if req.draft_ids:
-            return self._verify(req)
-        return self._generate(req)
+            return self._verify(req, guide)
+        return self._generate(req, guide)
 
-    def _generate(self, req: EngineRequest) -> Steps:
+    def _generate(self, req: EngineRequest, guide: EngineGuide | None = None) -> Steps:
         rng = self._rng(req)
         n_in = len(req.input_ids)
         tokens = list(req.input_ids)
@@ -268,12 +277,16 @@ class ReferenceEngine:
             if req.return_generation_logits:
                 logits_rows.append(raw)
             row = self._process(raw, tokens, req, step)
+            if guide is not None:  # the bitmask, before sampling
+                row = guide.mask(row)
             t = int(row.argmax()) if sampling.greedy else sample(probabilities(row, sampling), rng)
             result.last_token_ns = time.monotonic_ns()
             result.first_token_ns = result.first_token_ns or result.last_token_ns
             if req.end_id is not None and t == req.end_id:
                 ended = True
                 break  # the end token is not output and not counted
+            if guide is not None:
+                guide.accept(t)
             tokens.append(t)
             if req.return_log_probs:  # a softmax over the vocabulary: only when asked
                 log_probs.append(self._log_prob(row, t))
@@ -287,7 +300,7 @@ class ReferenceEngine:
             result.next_draft_ids = self.eagle3.finish(head, tokens, feats.start, feats.rows, req.next_draft_len)
         return result
 
-    def _verify(self, req: EngineRequest) -> Steps:
+    def _verify(self, req: EngineRequest, guide: EngineGuide | None = None) -> Steps:
         seq, draft = list(req.input_ids), [int(t) for t in req.draft_ids or []]
         k = len(draft)
         need = len(seq) + k if req.return_context_logits else k + 1
@@ -299,6 +312,10 @@ class ReferenceEngine:
         all_rows = logits.cpu().numpy()
         raw = all_rows[-(k + 1) :]
         rows = np.stack([self._process(raw[i], seq + draft[:i], req, i) for i in range(k + 1)])
+        # under a guide every position is masked by the grammar's state after the draft tokens before it
+        masks = [] if guide is None else guide_masks(guide, draft)
+        for i, allowed in enumerate(masks):
+            rows[i, ~allowed] = -np.inf
         sampling = self._sampling(req)
         if sampling.greedy:
             v = verify_greedy(draft, rows.argmax(axis=-1).tolist())
@@ -306,7 +323,10 @@ class ReferenceEngine:
             rng = self._rng(req)
             p = probabilities(rows, sampling)
             if req.draft_logits is not None and len(req.draft_logits) >= k:
-                q = probabilities(np.asarray(req.draft_logits[-k:], dtype=np.float64), req.sampling)
+                q_logits = np.array(req.draft_logits[-k:], dtype=np.float64)
+                for i, allowed in enumerate(masks[:k]):  # the draft sampled from its masked distribution
+                    q_logits[i, ~allowed] = -np.inf
+                q = probabilities(q_logits, req.sampling)
                 v = verify_rejection(draft, q, p, rng)
             else:
                 v = verify_by_target_sample(draft, p, rng)

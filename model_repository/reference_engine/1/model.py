@@ -47,6 +47,9 @@ class TritonPythonModel:
             eagle3_head=params.get("eagle3_head") or None,
             linear_kernels=params.get("linear_kernels", "auto"),
             kernel_dir=params.get("kernel_dir") or None,
+            # NVIDIA's tensorrt_llm parameters for guided decoding (trtspec.guided)
+            xgrammar_tokenizer_info=params.get("xgrammar_tokenizer_info_path") or None
+            if params.get("guided_decoding_backend") == "xgrammar" else None,
         )
         head = engine.eagle3.work if engine.eagle3 is not None else None
         self.gauges = EngineGauges(pb_utils, args["model_name"], head_work=list(head.as_dict()) if head else ())
