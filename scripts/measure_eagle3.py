@@ -1,11 +1,15 @@
 #!/usr/bin/env python
-"""The demo EAGLE-3 head in the reference engine, in process (no Triton): greedy, k draft tokens, built-in prompts.
+"""The demo EAGLE-3 head in the reference engine, in process (no Triton): greedy, k draft tokens, per prompt set.
 
 For each prompt it runs target-only decoding and the one-model loop (each target call verifies the previous
-answer's ``next_draft_ids`` and returns the next draft), and reports: whether the outputs are identical,
+answer's ``next_draft_ids`` and returns the next draft), and reports per set: whether the outputs are identical,
 acceptance by draft position, tokens per target step, and the wall time of both (one process, one thread).
 
-    python scripts/measure_eagle3.py --kind chat --max-tokens 64 --k 3
+Sets: a built-in bench kind (``chat``, ``code``, ``grounded``: in-distribution for the demo head, whose training
+prompts were written in the bench's chat forms) or ``heldout`` (trtspec/assets/eval/heldout_chat.jsonl: chat prompts
+in no other prompt set and disjoint from the training prompts in topic and form), side by side:
+
+    python scripts/measure_eagle3.py --sets chat,heldout --max-tokens 48 --k 3
 """
 
 from __future__ import annotations
@@ -24,28 +28,21 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from trtspec import demo_pair  # noqa: E402
-from trtspec.bench.prompts import builtin_prompts  # noqa: E402
+from trtspec.bench.prompts import builtin_prompts, load_prompts  # noqa: E402
 from trtspec.reference_engine import EngineRequest, ReferenceEngine  # noqa: E402
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--head", default=str(demo_pair.EAGLE3_ASSET_DIR))
-    ap.add_argument("--kind", default="chat")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--k", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    target_dir = demo_pair.ensure_target()
-    from transformers import AutoTokenizer
+HELDOUT = REPO / "trtspec" / "assets" / "eval" / "heldout_chat.jsonl"
 
-    tok = AutoTokenizer.from_pretrained(target_dir)
-    eos = tok.convert_tokens_to_ids(demo_pair.EOS_TOKEN)
-    engine = ReferenceEngine(target_dir, device="cpu", eagle3_head=args.head)
-    prompts = builtin_prompts([args.kind])
-    K, N = args.k, args.max_tokens
+
+def prompt_set(name: str) -> list:
+    if name == "heldout":
+        return load_prompts(HELDOUT)
+    return builtin_prompts([name])
+
+
+def measure(engine: ReferenceEngine, tok, eos: int, prompts: list, K: int, N: int) -> dict:
+    """Target-only and the one-model loop on each prompt (cold caches, like new requests)."""
     accepted, proposed = [0] * K, [0] * K
     steps = tokens = 0
     t_base = t_spec = 0.0
@@ -55,7 +52,7 @@ def main() -> None:
         engine.cache = type(engine.cache)(engine.cache.max_entries, engine.cache.max_bytes)  # cold, like a new request
         t0 = time.perf_counter()
         seq = list(ids)
-        while len(seq) - len(ids) < N:  # target-only, one call per token as the baseline loop does
+        while len(seq) - len(ids) < N:  # target-only, one call per token
             r = engine.run(EngineRequest(seq, 1, end_id=eos))
             if not r.new_tokens:
                 break
@@ -84,13 +81,37 @@ def main() -> None:
         same.append(spec == base)
         print(f"{p.id:12s} {'identical' if spec == base else 'DIFFERENT'} {len(spec)} tokens, "
               f"target-only {t1 - t0:.2f}s, eagle3 {t2 - t1:.2f}s", flush=True)
-    out = {
-        "prompts": len(prompts), "kind": args.kind, "k": K, "max_tokens": N, "identical": all(same),
+    return {
+        "prompts": len(prompts), "identical": f"{sum(same)}/{len(same)}",
         "acceptance_by_position": [round(a / max(n, 1), 3) for a, n in zip(accepted, proposed)],
+        "accepted_by_position": accepted, "proposed_by_position": proposed,
         "tokens_per_target_step": round(tokens / max(steps, 1), 3),
         "seconds_target_only": round(t_base, 2), "seconds_eagle3": round(t_spec, 2),
-        "speedup_in_process": round(t_base / max(t_spec, 1e-9), 3), "threads": args.threads,
+        "speedup_in_process": round(t_base / max(t_spec, 1e-9), 3),
     }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--head", default=str(demo_pair.EAGLE3_ASSET_DIR))
+    ap.add_argument("--sets", default="chat,heldout", help="comma-separated: chat, code, grounded, heldout")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--linear-kernels", default="auto")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    target_dir = demo_pair.ensure_target()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    eos = tok.convert_tokens_to_ids(demo_pair.EOS_TOKEN)
+    engine = ReferenceEngine(target_dir, device="cpu", eagle3_head=args.head, linear_kernels=args.linear_kernels)
+    out = {"k": args.k, "max_tokens": args.max_tokens, "threads": args.threads, "head": args.head, "sets": {}}
+    for name in args.sets.split(","):
+        out["sets"][name] = measure(engine, tok, eos, prompt_set(name), args.k, args.max_tokens)
+    out["measured"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(json.dumps(out, indent=1))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")

@@ -88,10 +88,12 @@ def demo_pair():
 
 
 def loop_settings(*, draft_disabled: bool = False, max_input_len: int = 2048, **speculative):
-    """LoopSettings as a deployment would get them; `speculative` are build-config `speculative:` fields."""
+    """LoopSettings as a deployment would get them; `speculative` are build-config `speculative:` fields. The policy
+    is fixed unless asked for: these tests drive a given k (the controller's own tests ask for adaptive)."""
     from trtspec.config import SpeculativeConfig
     from trtspec.loop import LoopSettings
 
+    speculative.setdefault("draft_length_policy", "fixed")
     return LoopSettings(
         speculative=SpeculativeConfig(**speculative), max_input_len=max_input_len, draft_disabled=draft_disabled
     )
@@ -139,7 +141,8 @@ DEMO_PAIR_DEPLOYMENT = {
     "target": {"checkpoint": "demo:target", "dtype": "float32"},
     # the trained demo draft; TRTSPEC_TEST_DRAFT points the suite at another draft checkpoint
     "draft": {"checkpoint": os.environ.get("TRTSPEC_TEST_DRAFT", "demo:draft"), "dtype": "float32"},
-    "speculative": {"max_draft_len": 8, "num_draft_tokens": 3},
+    # fixed: the tests count drafts of a given k; a request asks for adaptive where it tests the controller
+    "speculative": {"max_draft_len": 8, "num_draft_tokens": 3, "draft_length_policy": "fixed"},
     "limits": {"max_batch_size": 8, "max_input_len": 256, "max_seq_len": 320},
     "triton": {"speculative_instance_count": 1},
 }

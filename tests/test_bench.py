@@ -441,7 +441,7 @@ STAT_FIELDS = set(st.STAT_KEYS)
 TOP_FIELDS = {"schema_version", "tool", "trtspec_version", "started_at", "duration_s", "settings", "prompts", "cells",
               "summary", "metrics_check", "profile", "requests", "files"}
 SETTINGS_FIELDS = {"url", "protocol", "metrics_url", "max_tokens", "concurrency", "draft_tokens", "draft_source",
-                   "draft_length_policy", "k0_on_ensemble", "fixed_k", "requests_per_cell", "warmup_per_cell", "rounds", "profile"}
+                   "draft_length_policy", "deployment_draft_length_policy", "k0_on_ensemble", "fixed_k", "requests_per_cell", "warmup_per_cell", "rounds", "profile"}
 CELL_FIELDS = {"label", "concurrency", "num_draft_tokens", "endpoint", "speculative", "num_requests", "num_ok",
                "num_errors", "num_warmup", "errors", "wall_s", "rounds", "output_tokens", "output_tokens_per_s",
                "requests_per_s", "ended_early", "output_tokens_per_request", "ttft_s", "itl_token_s", "itl_chunk_s",
@@ -713,3 +713,57 @@ def test_config_accepts_the_flavours_that_need_no_engine_build():
         built = cfg.model_copy(update={"engine": type(cfg.engine).tensorrt_llm})  # the same pair, engines to build
         with pytest.raises(BenchError, match="needs no engine build"):
             check_local(built)
+
+
+def test_plot_legends_name_the_policy(tmp_path, monkeypatch):
+    """"k=4" reads as a fixed k = 4; under adaptive the controller picks k up to 4 each iteration."""
+    import matplotlib.figure
+
+    from trtspec.bench import build_results
+    from trtspec.bench.report import plot_all, series_label
+
+    legends: dict[str, list[str]] = {}
+
+    def record(fig, path, *args, **kwargs):
+        legends[Path(path).name] = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record)
+    res = build_results(_synthetic_run({(1, 0): 10.0, (1, 2): 12.5, (4, 0): 20.0, (4, 2): 16.0},
+                                       {(1, 4): 12.0, (4, 4): 19.0}, counts={1: [1, 0, 2, 0, 7], 4: [9, 1]}))
+    plot_all(res, tmp_path)
+    assert set(legends["speedup.png"]) >= {"controller, k <= 4", "fixed k = 2", "baseline (target only)"}
+    assert set(legends["throughput.png"]) >= {"controller, k <= 4", "fixed k = 2", "baseline (target only)"}
+    assert "controller, k <= 4" in legends["k_chosen.png"]
+    assert not any(label.startswith("k=") for labels in legends.values() for label in labels), legends
+    # cells that left the policy to the deployment say so, rather than pass for a fixed k
+    cell = {"endpoint": ENSEMBLE, "num_draft_tokens": 3, "draft_length_policy": None}
+    assert series_label(cell, "adaptive") == "controller, k <= 3"
+    assert series_label(cell) == "k = 3, the deployment's policy"
+
+
+@pytest.mark.slow
+def test_table_written_to_a_pipe_is_whole(server, tmp_path):
+    """Off a terminal (a CI log, `| tee`, `> file`) rich would take 80 columns and cut the table's to "tok…"."""
+    import os
+    import subprocess
+    import sys
+
+    ep = server.endpoints
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR", "TERM")}
+    out = subprocess.run(
+        [sys.executable, "-m", "trtspec.cli", "bench", "--url", ep.http_address, "--metrics-url", ep.metrics,
+         "--output", str(tmp_path / "bench"), "--concurrency", "1",
+         "--draft-tokens", "2", "--draft-length-policy", "adaptive", "--fixed-k", "1", "--requests", "1",
+         "--warmup", "0", "--max-tokens", "4", "--num-prompts", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout
+    lines = out.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:3] == ["c", "k", "n"])
+    header = lines[at - 1] + "\n" + lines[at]  # two-line column names: "vs best / fixed k", "TTFT / p50", ...
+    for name in ("tok/s", "speedup", "vs best", "fixed k", "TTFT", "ITL", "E2E", "accept", "call"):
+        assert name in header, header
+    assert "…" not in out.stdout, out.stdout
+    # the deployment's own policy, read from its config, names the cells that send none (conftest: fixed)
+    settings = json.loads((tmp_path / "bench" / "results.json").read_text())["settings"]
+    assert settings["deployment_draft_length_policy"] == "fixed"

@@ -72,9 +72,10 @@ def test_compiled_linear_matches_linear_and_a_row_is_the_same_at_any_row_count(t
         assert compiled(x[:, :0]).shape == (1, 0, D)  # no rows: no kernel call (its blocking divides by the row count)
 
 
-def test_engine_on_compiled_kernels_keeps_greedy_tokens(tiny, kernels, capfd, monkeypatch):
+def test_engine_on_compiled_kernels_keeps_greedy_tokens(tiny, kernels, caplog, monkeypatch):
+    caplog.set_level("INFO", logger="trtspec.reference_engine")
     engine = ReferenceEngine(tiny, device="cpu", dtype="float32")
-    assert "14 Linear layers on compiled GEMM kernels" in capfd.readouterr().err
+    assert "14 Linear layers on compiled GEMM kernels" in caplog.text
     layers = [m for m in engine.model.modules() if isinstance(m, CompiledLinear)]
     assert len(layers) == 2 * 7 and isinstance(engine._head, CompiledLinear)
     assert not any(type(m) is torch.nn.Linear and m is not engine.model.lm_head for m in engine.model.modules())
@@ -124,7 +125,7 @@ def test_on_compiled_kernels_a_positions_logits_are_bitwise_the_same_in_a_decode
 
 
 @pytest.mark.parametrize("broken", ["missing", "stale", "half-written"])
-def test_missing_stale_or_half_written_kernels_fall_back_with_a_log_line(tiny, kernels, tmp_path, capfd, broken, monkeypatch):
+def test_missing_stale_or_half_written_kernels_fall_back_with_a_log_line(tiny, kernels, tmp_path, caplog, broken, monkeypatch):
     directory = tmp_path / "kernels"
     if broken == "stale":
         compiled_linear.compile_kernels([], directory)  # nothing to compile: no directory
@@ -138,7 +139,7 @@ def test_missing_stale_or_half_written_kernels_fall_back_with_a_log_line(tiny, k
             compiled_linear.compile_kernels([(D, D)], directory)
         assert not (directory / compiled_linear.MANIFEST).exists()
     engine = ReferenceEngine(tiny, device="cpu", dtype="float32", kernel_dir=directory)
-    err = capfd.readouterr().err
+    err = "\n".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
     assert "compiled GEMM kernels not used" in err and ("stale" in err if broken == "stale" else "missing" in err)
     assert "mkl+onednn instead" in err
     assert any(isinstance(m, packed_linear.PackedLinear) for m in engine.model.modules())

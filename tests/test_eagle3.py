@@ -83,6 +83,41 @@ def test_a_head_for_another_target_is_refused_by_field():
         eagle3.check_against_target(cfg, SimpleNamespace(num_hidden_layers=16, hidden_size=576, vocab_size=VOCAB_SIZE), "head")
 
 
+def _overlap_audit():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "eagle3_prompt_overlap.py"
+    spec = importlib.util.spec_from_file_location("eagle3_prompt_overlap", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_heldout_prompts_are_in_no_prompt_set_and_not_in_training():
+    """The held-out evaluation set shares no text, topic or instruction form with the head's training prompts
+    (rebuilt exactly: provenance.json's counts) and appears in no prompt set the bench, the demo or the tests send;
+    provenance.json records the overlap of those sets with training as it is."""
+    audit_mod = _overlap_audit()
+    train = audit_mod.training_prompts()
+    prov = json.loads((EAGLE3_ASSET_DIR / "provenance.json").read_text())
+    kinds = {k: sum(t["kind"] == k for t in train) for k in ("chat", "plain")}
+    assert kinds == prov["data"]["by_kind"]  # the rebuild is the data the head was trained on
+    audit = audit_mod.audit()
+    held = audit["sets"]["heldout"]
+    assert held["prompts"] >= 8
+    assert not any(held[k] for k in ("exact_training_prompt", "sharing_a_training_topic", "in_a_training_form",
+                                     "sharing_4_words_with_a_training_form"))
+    heldout = set(audit_mod.heldout_prompts())
+    for name, texts in audit_mod.project_prompts().items():
+        assert not heldout & set(texts), name
+    recorded = prov["prompt_overlap"]["sets"]
+    for name, got in audit["sets"].items():
+        for key in ("exact_training_prompt", "sharing_a_training_topic", "in_a_training_form",
+                    "sharing_4_words_with_a_training_form"):
+            assert len(recorded[name][key]) == len(got[key]), (name, key)
+
+
 def _one_model_loop(engine, prompt: list[int], n: int, k: int) -> tuple[list[int], int, int]:
     """Each call verifies the previous answer's next_draft_ids and asks for the next k: (tokens, drafted, accepted)."""
     from trtspec.reference_engine import EngineRequest
@@ -114,6 +149,67 @@ def test_in_engine_drafting_is_exact_and_shares_prefixes(demo_pair):
     # a sequence sharing 8 tokens with one served gets the head's entries 0..6 (entry j reads token j+1), lent
     head = engine.eagle3.begin(prompts[1][:8] + [7, 7, 7])
     assert head.length == 7
+
+
+def test_a_k0_stretch_does_no_head_work_and_the_catch_up_drafts_as_if_it_never_stopped(demo_pair):
+    """A call asking no draft (next_draft_len 0) runs the target alone: no capture, no head extension, no draft.
+    The next call that asks catches the head up on every position it missed in one batched extension, and drafts
+    what a head that never stopped drafts there; greedy output stays the target's."""
+    from transformers import AutoTokenizer
+
+    from trtspec.reference_engine import EngineRequest, ReferenceEngine
+
+    tok = AutoTokenizer.from_pretrained(demo_pair.target)
+    prompt = tok(PROMPTS[3], add_special_tokens=False)["input_ids"]
+    current = ReferenceEngine(demo_pair.target, device="cpu", eagle3_head=EAGLE3_ASSET_DIR)  # asks every call
+    paused = ReferenceEngine(demo_pair.target, device="cpu", eagle3_head=EAGLE3_ASSET_DIR)
+    want = current.run(EngineRequest(prompt, 20)).new_tokens
+    assert current.eagle3.work.captured_rows == 0  # a request asking no draft: the head did nothing at all
+
+    seq, drafts_current = list(prompt), {}
+    for _ in range(8):  # the head kept current: a draft asked at every call
+        r = current.run(EngineRequest(seq, 1, next_draft_len=3))
+        seq = r.tokens
+        drafts_current[len(seq)] = r.next_draft_ids
+    seq = paused.run(EngineRequest(list(prompt), 1, next_draft_len=3)).tokens
+    before = paused.eagle3.work.as_dict()
+    for _ in range(6):  # a k = 0 stretch
+        seq = paused.run(EngineRequest(seq, 1)).tokens
+    assert paused.eagle3.work.as_dict() == before
+    r = paused.run(EngineRequest(seq, 1, next_draft_len=3))  # drafting resumes: the catch-up
+    work = paused.eagle3.work
+    assert work.extended_positions - before["extended_positions"] == 7  # 6 missed positions + this call's own
+    assert r.next_draft_ids == drafts_current[len(r.tokens)]
+    # greedy output through stretch, catch-up and verification is the target's
+    seq, draft, n = list(r.tokens), r.next_draft_ids, 0
+    while len(seq) - len(prompt) < 20:
+        n += 1
+        ask = 0 if n % 3 == 0 else 3  # every third call asks nothing: stretches and catch-ups all along
+        r = paused.run(EngineRequest(seq, len(draft) + 1, draft_ids=draft or None, next_draft_len=ask))
+        seq, draft = r.tokens, r.next_draft_ids or []
+    assert seq[len(prompt):][:20] == want
+
+
+def test_a_chunked_prefill_gives_the_head_every_rows_features(demo_pair):
+    """The batcher splits a long prompt into chunks (max_num_tokens): the head still gets the features of every
+    row, in order, and drafts what it drafts after an unchunked prefill."""
+    from transformers import AutoTokenizer
+
+    from trtspec.batching import BatchScheduler
+    from trtspec.reference_engine import EngineRequest, ReferenceEngine
+
+    tok = AutoTokenizer.from_pretrained(demo_pair.target)
+    prompt = tok(PROMPTS[2], add_special_tokens=False)["input_ids"]
+    want = ReferenceEngine(demo_pair.target, device="cpu", eagle3_head=EAGLE3_ASSET_DIR).run(
+        EngineRequest(prompt, 1, next_draft_len=3))
+    engine = ReferenceEngine(demo_pair.target, device="cpu", eagle3_head=EAGLE3_ASSET_DIR)
+    scheduler = BatchScheduler(engine, max_batch_size=2, max_num_tokens=len(prompt) // 3 + 1)
+    try:
+        got = scheduler.submit(EngineRequest(prompt, 1, next_draft_len=3)).result(120)
+    finally:
+        scheduler.close()
+    assert got.tokens == want.tokens and got.next_draft_ids == want.next_draft_ids
+    assert engine.eagle3.work.captured_rows == len(prompt)
 
 
 def _training_script():
@@ -176,7 +272,9 @@ def server(tmp_path_factory):
             "device": "cpu",
             "target": {"checkpoint": "demo:target", "dtype": "float32"},
             "draft": {"checkpoint": "demo:eagle3", "dtype": "float32"},
-            "speculative": {"method": "eagle3", "max_draft_len": 8, "num_draft_tokens": 3},
+            # drafting pauses above 2 requests in flight: concurrent requests run k = 0 stretches and catch up
+            "speculative": {"method": "eagle3", "max_draft_len": 8, "num_draft_tokens": 3, "max_concurrency": 2,
+                            "draft_length_policy": "fixed"},
             "limits": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 320},
             "triton": {"speculative_instance_count": 2},
         }
@@ -222,3 +320,39 @@ def test_response_reports_acceptance(server):
     assert all((i - pi, n) == (1, a - pa + 1) for (pi, pa, _), (i, a, n) in zip(calls[:-2], calls[1:-1])), calls
     assert sum(s.accepted_per_position) == s.total_accepted_draft_tokens
     assert s.accepted_by_source[0] == s.total_accepted_draft_tokens  # "model": the deployment's drafter
+
+
+def _head_work(server) -> dict[str, float]:
+    from trtspec.bench.metrics import scrape, value
+    from trtspec.metrics import ENGINE_EAGLE3_HEAD_COUNTER
+    from trtspec.reference_engine.eagle3 import HeadWork
+
+    samples = scrape(server.endpoints.metrics)
+    return {kind: value(samples, ENGINE_EAGLE3_HEAD_COUNTER, model="tensorrt_llm", kind=kind) for kind in HeadWork().as_dict()}
+
+
+@pytest.mark.slow
+def test_a_k0_stretch_sends_the_target_the_baselines_work(server, baseline):
+    """num_draft_tokens 0 on the speculative endpoint: every call is a plain target step asking no draft, so the
+    engine's head does nothing (its work counters stay put) and the answer is the baseline's."""
+    before = _head_work(server)
+    g = _client(server).generate(PROMPTS[1], MAX_TOKENS, num_draft_tokens=0)
+    assert g.token_ids == baseline[1] and g.stats.total_draft_tokens == 0
+    assert _head_work(server) == before
+    _client(server).generate(PROMPTS[1], MAX_TOKENS, num_draft_tokens=3)
+    after = _head_work(server)
+    assert after["captured_rows"] > before["captured_rows"] and after["drafted_tokens"] > before["drafted_tokens"]
+
+
+@pytest.mark.slow
+def test_drafting_resumed_after_a_load_pause_catches_up_and_stays_greedy_identical(server, baseline):
+    """Three requests in flight (> max_concurrency 2): each runs plain steps that ask the head nothing; when the
+    shorter ones end, the longest drafts again, its head catching up on every position it missed."""
+    client = _client(server)
+    lengths = [4, 10, MAX_TOKENS]
+    with ThreadPoolExecutor(3) as pool:
+        gens = list(pool.map(lambda i: client.generate(PROMPTS[i], lengths[i], num_draft_tokens=3), range(3)))
+    for i, g in enumerate(gens):
+        assert g.token_ids == baseline[i][: lengths[i]]
+    longest = gens[2].stats
+    assert longest.load_paused_iterations > 0 and longest.total_draft_tokens > 0

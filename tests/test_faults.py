@@ -170,7 +170,7 @@ def deployment(tmp_path_factory):
         "device": "cpu",
         "target": {"checkpoint": "demo:target", "dtype": "float32"},
         "draft": {"checkpoint": "demo:draft", "dtype": "float32"},
-        "speculative": {"max_draft_len": 4, "num_draft_tokens": 3},
+        "speculative": {"max_draft_len": 4, "num_draft_tokens": 3, "draft_length_policy": "fixed"},
         "limits": {"max_batch_size": 2, "max_input_len": 256, "max_seq_len": 320},
         "triton": {"speculative_instance_count": 1},
     })

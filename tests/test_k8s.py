@@ -285,3 +285,41 @@ def test_dashboard_query_parser_finds_the_metric_names():
     board = {"panels": [{"targets": [{"expr": 'sum by (model) (rate(a_total{model=~"$m"}[5m])) / sum(rate(b_x[1m]))'},
                                       {"expr": "sum by (model, state) (gauge_y{model=~\"x\"})"}]}]}
     assert queried_metrics(board) == {"a_total", "b_x", "gauge_y"}
+
+
+def test_api_key_comes_from_a_secret_in_every_pod_that_serves(tmp_path):
+    want = {"name": "TRTSPEC_API_KEY", "valueFrom": {"secretKeyRef": {"name": "trtspec-api-key", "key": "api-key"}}}
+    rc, out, files = run_k8s(H100_8B, tmp_path / "k8s", "--gpus", "h100x8", "--api-key-secret", "trtspec-api-key")
+    assert rc == 0, out
+    assert want in server(files)["env"] and validate_object(files["deployment.yaml"][0]) == []
+    assert "kubectl create secret generic trtspec-api-key" in out
+    # the key is read by `trtspec serve`, never written into a manifest
+    assert not any("secretKeyRef" in str(c) or "TRTSPEC_API_KEY" in str(c) for c in server(files)["args"])
+
+    def tp16(d):
+        d["target"].update(tp_size=16)
+        d["target"].pop("gpu_device_ids")
+        d["draft"].pop("gpu_device_ids")
+
+    rc, out, files = run_k8s(write_config(tmp_path, tp16), tmp_path / "lws", "--gpus", "h100x8",
+                             "--api-key-secret", "trtspec-api-key")
+    assert rc == 0, out
+    lwt = files["leaderworkerset.yaml"][0]["spec"]["leaderWorkerTemplate"]
+    leader_env = lwt["leaderTemplate"]["spec"]["containers"][0]["env"]
+    assert want in leader_env and any(e["name"].startswith("OMPI_MCA") for e in leader_env)
+    assert want not in lwt["workerTemplate"]["spec"]["containers"][0]["env"]  # the MPI ranks serve no HTTP
+
+
+def test_without_a_secret_the_openai_api_is_open_and_says_so(tmp_path):
+    rc, out, files = run_k8s(H100_8B, tmp_path / "k8s", "--gpus", "h100x8")
+    assert rc == 0 and "--api-key-secret NAME protects it" in out
+    assert not any(e["name"] == "TRTSPEC_API_KEY" for e in server(files)["env"])
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--api-key-secret", "Bad_Name"], "--api-key-secret: 'Bad_Name' is not a Secret name"),
+    (["--api-key-secret", "key", "--no-openai"], "--api-key-secret protects the OpenAI API"),
+])
+def test_api_key_secret_errors_name_the_option(tmp_path, args, field):
+    rc, out, _ = run_k8s(H100_8B, tmp_path / "k8s", "--gpus", "h100x8", *args)
+    assert rc == 2 and out.startswith("error: ") and field in out, out

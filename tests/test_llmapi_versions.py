@@ -150,6 +150,83 @@ def test_acceptance_gate_and_max_concurrency_per_version(tag):
         assert model_yaml.speculative_config(cfg, Path("/d"), tag)["max_concurrency"] == 8
 
 
+# ------------------------------------------------------------------------------------------ one-engine floor
+
+
+def _batch_ks(sc: dict, max_batch: int = 64) -> list[int]:
+    """The draft length TensorRT-LLM 1.2's Drafter would use at batch sizes 1..max_batch for `sc` as written
+    (lower-bound schedule keys as recorded; max_concurrency: 0 above it)."""
+    from trtspec.llmapi.draft_floor import draft_len_at
+
+    return [draft_len_at(sc.get("draft_len_schedule"), sc.get("max_concurrency"), sc["max_draft_len"], b)
+            for b in range(1, max_batch + 1)]
+
+
+@pytest.mark.parametrize("method", ["eagle3", "mtp"])
+@pytest.mark.parametrize("tag", ["1.2.0", "1.2.1"])
+@pytest.mark.parametrize("controls", [
+    {"speculative": {"draft_len_schedule": {1: 4, 8: 2, 16: 0}}},
+    {"llmapi": {"max_concurrency": 8}},
+    {"llmapi": {"max_concurrency": 8, "draft_len_schedule": {1: 4, 4: 2, 6: 0}}},
+])
+def test_one_engine_drafters_never_resolve_to_0_on_releases_without_a_floor(method, tag, controls):
+    """TensorRT-LLM 1.2.x has no min_runtime_draft_len (api_surface.json one_engine_k0, read in 1.2.1's llm_args.py):
+    a one-engine drafter (EAGLE-3 one-model, MTP) stopped by a band of 0 or max_concurrency resumes with stale
+    state and acceptance collapses (PR #16888). No batch size may resolve to 0 in what trtspec writes."""
+    assert version_fields(tag)["one_engine_k0"]["floor"] is None
+    spec = {"method": method, "max_draft_len": 4, **controls.get("speculative", {})}
+    data = {"engine": "llmapi", "target": dict(T), "speculative": spec, "llmapi": controls.get("llmapi", {})}
+    if method == "eagle3":
+        data["draft"] = dict(D)
+    cfg = parse_config(data)
+    sc = model_yaml.speculative_config(cfg, Path("/d") if method == "eagle3" else None, tag)
+    ks = _batch_ks(sc)
+    assert min(ks) == 1 and ks[0] == 4 and "max_concurrency" not in sc
+    # what TensorRT-LLM itself would load: the schedule passes its validators (schedule[1] == max_draft_len)
+    assert decoding_config_from_dict(dict(sc), tag).get("draft_len_schedule") == sc["draft_len_schedule"]
+    assert model_yaml.load_controls(cfg, tag).notes  # build, doctor and tune say why
+
+
+def test_the_floor_keeps_the_bands_above_0_and_max_concurrency_becomes_a_band_of_1():
+    from trtspec.llmapi.draft_floor import resolve
+
+    f = version_fields("1.2.1")
+    assert resolve("eagle3", f, 4, {1: 4, 8: 2, 16: 0}, None).schedule == {1: 4, 8: 2, 16: 1}
+    assert resolve("mtp", f, 3, None, 4).schedule == {1: 3, 5: 1}
+    assert resolve("eagle3", f, 4, {1: 4, 4: 2, 16: 3}, 8).schedule == {1: 4, 4: 2, 9: 1}
+    # max_concurrency 0 is speculation off for good: it never resumes, so it stays
+    assert resolve("eagle3", f, 4, None, 0).max_concurrency == 0
+    # two-engine drafters re-read the sequence when they draft again: written as configured
+    for method in ("draft_model", "ngram"):
+        r = resolve(method, f, 4, {1: 4, 8: 0}, 16)
+        assert (r.schedule, r.max_concurrency, r.notes) == ({1: 4, 8: 0}, 16, [])
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_eagle3_two_model_stops_drafting_where_asked(tag):
+    cfg = parse_config({"engine": "llmapi", "target": T, "draft": D, "speculative": {"method": "eagle3", "max_draft_len": 4},
+                        "llmapi": {"max_concurrency": 8, "eagle3_two_model": True}})
+    f = version_fields(tag)
+    if f["max_concurrency"] is None:
+        with pytest.raises(model_yaml.ModelYamlError, match="llmapi.max_concurrency"):
+            model_yaml.speculative_config(cfg, Path("/d"), tag)
+        return
+    sc = model_yaml.speculative_config(cfg, Path("/d"), tag)
+    assert sc["eagle3_one_model"] is False and sc["max_concurrency"] == 8
+    assert decoding_config_from_dict(dict(sc), tag).method == "eagle3"
+    with pytest.raises(model_yaml.ModelYamlError, match="only speculative.method eagle3 has a two-model path"):
+        model_yaml.speculative_config(parse_config({"engine": "llmapi", "target": T, "speculative": {"method": "mtp"},
+                                                    "llmapi": {"eagle3_two_model": True}}), None, tag)
+
+
+def test_max_concurrency_on_a_release_without_a_schedule_is_refused_for_one_engine_drafters():
+    cfg = parse_config({"engine": "llmapi", "target": T, "draft": D, "speculative": {"method": "eagle3", "max_draft_len": 4},
+                        "llmapi": {"max_concurrency": 8}})
+    with pytest.raises(model_yaml.ModelYamlError, match="no draft_len_schedule to draft 1 token above it instead; remove "
+                       "max_concurrency, or set llmapi.eagle3_two_model: true"):
+        model_yaml.speculative_config(cfg, Path("/d"), "1.1.0")
+
+
 # ------------------------------------------------------------------------------------------ spellings
 
 

@@ -9,7 +9,7 @@ from conftest import loop_settings
 
 from trtspec.loop import LoopRequest, SpeculativeLoop
 from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors
-from trtspec.speculative import Estimates
+from trtspec.controller import Estimates
 
 
 class Counted:
@@ -100,7 +100,7 @@ def test_a_request_learns_its_prompt_lookups_pay_without_drafting_them(demo_pair
 
     from trtspec.config import AdaptivePolicy
     from trtspec.drafters import ESTIMATE_KEYS, estimate_key
-    from trtspec.speculative import GoodputController
+    from trtspec.controller import GoodputController
 
     tok = AutoTokenizer.from_pretrained(str(demo_pair.target))
     passage = "The quick brown fox jumps over the lazy dog near the river bank at dawn."
@@ -139,9 +139,9 @@ def test_a_request_learns_its_prompt_lookups_pay_without_drafting_them(demo_pair
 
 
 def test_the_controller_asks_eagle3_in_the_target_for_full_drafts_only_when_it_may_use_them(demo_pair):
-    # EAGLE-3 drafting inside the target: each call drafts for the next one as asked. On this CPU the demo head
-    # does not pay (acceptance ~0.3, a verify costs ~1.6 steps), so the controller takes plain steps, and those
-    # must not pay the head's full drafting (3 head steps: ~45% of a plain step here); one token keeps it current.
+    # EAGLE-3 drafting inside the target: each call drafts for the next one as asked. Where the demo head does not
+    # pay, the controller takes plain steps, and those must not pay for the head at all: through a k = 0 stretch
+    # the target is asked for no draft (the engine then does no head work; it catches up when asked again).
     import numpy as np
     import torch
     from transformers import AutoTokenizer
@@ -173,4 +173,5 @@ def test_the_controller_asks_eagle3_in_the_target_for_full_drafts_only_when_it_m
     full = sum(n == 3 for n in asked)
     # full drafts: where the head drafted, and one call before each probe; a plain step asks for one token
     assert full <= stats.num_drafts + stats.num_iterations // 8 + 2, (asked, stats.draft_len_counts)
-    assert set(asked) <= {0, 1, 3} and asked.count(1) >= stats.num_iterations // 2  # 0: the last tokens
+    plain = stats.draft_len_counts[0]
+    assert asked.count(0) >= plain - stats.num_iterations // 8 - 2, (asked, stats.draft_len_counts)  # stretches ask none

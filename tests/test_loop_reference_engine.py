@@ -457,7 +457,7 @@ def test_concurrent_requests_sharing_a_prefix_keep_their_caches(tiny_target):
 def test_common_prefix_matches_a_plain_scan():
     import random
 
-    from trtspec.reference_engine import _common_prefix
+    from trtspec.reference_engine.prefix_cache import _common_prefix
 
     def scan(a, b):
         i = 0

@@ -246,7 +246,7 @@ def test_errors_have_the_openai_shape_and_the_server_stays_healthy(api, client, 
     text_ok = {"model": name, "prompt": "Hi", "max_tokens": 4}
     _assert_error(api, 400, {**text_ok, "logprobs": 6}, "logprobs", says="less than or equal to 5", path="/completions")
     _assert_error(api, 400, {**text_ok, "logprobs": 0, "echo": True}, says="echo with logprobs", path="/completions")
-    _assert_error(api, 400, {**ok, "tools": [{"type": "function"}]}, says="tools is not supported")
+    _assert_error(api, 400, {**ok, "functions": [{"name": "f"}]}, says="functions is not supported")
     # non-finite numbers are not JSON, but Python's json writes them: still a 400
     _assert_error(api, 400, b'{"model": "%s", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}'
                   % name.encode(), says="temperature")

@@ -54,7 +54,8 @@ def demo_config():
             # a draft that does not pay (near-zero acceptance): test_adaptive_policy_steps_aside_from_a_draft_that_does_not_pay
             "draft": {"checkpoint": "demo:draft-untrained", "dtype": "float32"},
             # drafting stops while more than one request is in flight (test_drafting_steps_aside_under_load)
-            "speculative": {"max_draft_len": 8, "num_draft_tokens": 3, "max_concurrency": 1},
+            "speculative": {"max_draft_len": 8, "num_draft_tokens": 3, "max_concurrency": 1,
+                            "draft_length_policy": "fixed"},
             "limits": {"max_batch_size": 8, "max_input_len": 512, "max_seq_len": 640},
             "triton": {"speculative_instance_count": 1},
         }

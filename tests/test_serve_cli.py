@@ -133,3 +133,72 @@ def test_serve_serves_the_openai_api_and_stops_within_its_bound_when_triton_hang
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_serve_api_key_from_the_environment_guards_the_openai_api_and_leaves_health_open(repo: Path) -> None:
+    """TRTSPEC_API_KEY (two keys: a rotation) as the Kubernetes manifests set it from a Secret; the official
+    openai client gets a 401 without a right key and its answer with one."""
+    import urllib.error
+
+    import openai
+
+    openai_port, health_port = _free_port(), _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trtspec.cli", "serve", str(repo), "--http-port", "0", "--grpc-port", "0",
+         "--metrics-port", "0", "--openai-port", str(openai_port), "--health-port", str(health_port),
+         "--exit-timeout", str(EXIT_TIMEOUT_S), "--kill-grace", str(KILL_GRACE_S)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200", TRTSPEC_API_KEY="old-key new-key"),
+    )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 300
+        while "Press Ctrl-C" not in "".join(seen):
+            assert time.monotonic() < deadline and proc.poll() is None, "serve did not get ready:\n" + "".join(seen)
+            try:
+                seen.append(lines.get(timeout=0.2))
+            except queue.Empty:
+                pass
+        assert "API key required" in "".join(seen)
+        base = f"http://127.0.0.1:{openai_port}/v1"
+        name = repo.parent.name
+        chat = {"model": name, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4}
+
+        # no Authorization header at all: OpenAI's own 401
+        req = urllib.request.Request(f"{base}/chat/completions", json.dumps(chat).encode(),
+                                     {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as no_key:
+            urllib.request.urlopen(req, timeout=30)
+        assert no_key.value.code == 401 and no_key.value.headers["WWW-Authenticate"] == "Bearer"
+        error = json.loads(no_key.value.read())["error"]
+        assert error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error"
+        assert "Authorization: Bearer" in error["message"]
+
+        wrong = openai.OpenAI(base_url=base, api_key="not-the-key", max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError) as denied:
+            wrong.chat.completions.create(**chat)
+        assert denied.value.status_code == 401 and "not-the-key" not in str(denied.value)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
+
+        for key in ("new-key", "old-key"):
+            client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=120)
+            answer = client.chat.completions.with_raw_response.create(**chat)
+            assert answer.http_response.status_code == 200
+            assert answer.parse().usage.completion_tokens > 0
+        streamed = list(client.completions.create(model=name, prompt="Hello", max_tokens=3, stream=True))
+        assert "".join(c.choices[0].text for c in streamed if c.choices)
+
+        # probes need no key: the OpenAI port's /health and serve's health port, as vLLM leaves /health open
+        assert urllib.request.urlopen(f"http://127.0.0.1:{openai_port}/health", timeout=30).status == 200
+        assert urllib.request.urlopen(f"http://127.0.0.1:{health_port}/health/ready", timeout=30).status == 200
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=EXIT_TIMEOUT_S + KILL_GRACE_S + 30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -408,7 +408,7 @@ def test_random_seed_is_seed_and_token_counts_are_returned(server):
 
 @pytest.mark.parametrize("field,value", [
     ("beam_width", 2), ("num_return_sequences", 2), ("return_context_logits", True),
-    ("return_generation_logits", True), ("decoder_text_input", "x"), ("guided_decoding_guide_type", "json"),
+    ("return_generation_logits", True), ("decoder_text_input", "x"), ("guided_decoding_guide_type", "xml"),
     ("lora_task_id", 1), ("prompt_vocab_size", 4), ("image_url_input", "http://example.com/a.png"),
     ("min_tokens", -1), ("repetition_penalty", 0.0),
 ])

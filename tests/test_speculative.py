@@ -6,10 +6,8 @@ from scipy.stats import chisquare
 
 from trtspec.metrics import SpecStats
 from trtspec.drafters import ESTIMATE_KEYS, estimate_key, ngram_match
+from trtspec.controller import MAX_PROBE_BACKOFF, Choice, Estimates, GoodputController
 from trtspec.speculative import (
-    Choice,
-    Estimates,
-    GoodputController,
     SamplingParams,
     draft_len_at_load,
     find_stop,
@@ -151,7 +149,8 @@ class Deployment:
             accepted += 1
         verify = self.step_cost(k) or self.step(load) * (1 + 0.1 * k)
         draft = self.draft_per_token * k if choice.source == "model" else None
-        ctl.record(load, choice.source, k, accepted, verify, draft)
+        # the step holds the other requests' plain rows and this one's k + 1, as the loop counts them
+        ctl.record(load, choice.source, k, accepted, verify, draft, step_tokens=load + k)
         return choice
 
 
@@ -242,7 +241,8 @@ def test_controller_does_not_draft_at_load_where_the_draft_model_does_not_pay_th
     assert sum(c.k > 0 and not c.probe for c in choices[50:]) == 0
     assert sum(c.probe for c in choices[50:]) <= 350 // 8 // 2  # probes get rarer as they keep failing
     # the same costs at one in flight, where nobody else waits for the step: 1.28 tokens per 170 ms beats 1 per 150
-    assert [c.k for c in [dep.iterate(ctl, load=1, cap=3) for _ in range(100)][50:]].count(1) >= 40
+    # (whether 1 or 2 tokens: position 2's acceptance is still being learnt, optimistically, from few drafts)
+    assert sum(c.k > 0 for c in [dep.iterate(ctl, load=1, cap=3) for _ in range(100)][50:]) >= 40
 
 
 def test_controller_drafts_at_load_when_the_draft_rows_and_draft_model_are_cheap():
@@ -331,7 +331,7 @@ def test_controller_scales_a_draft_cost_measured_at_lighter_load():
         ctl.record(8, None, 0, 0, 0.120)  # the device is three times as busy at 8 in flight
         ctl.record(1, "model", 2, 1, 0.048, draft_s=0.010)
     assert ctl.draft_cost("model", 2, 1) == pytest.approx(0.010)
-    assert ctl.draft_cost("model", 2, 8) == pytest.approx(0.030)
+    assert ctl.draft_cost("model", 2, 8) == pytest.approx(0.030 / 8)  # a share of the batch's call
 
 
 def test_controller_does_not_probe_on_a_requests_first_call():
@@ -434,7 +434,8 @@ def test_controller_probes_are_the_deployments_not_each_requests():
     for _ in range(60):  # 60 requests of 12 iterations: per request, each would probe at its 9th
         ctl = GoodputController(est, AdaptivePolicy(probe_every=8))
         probes += sum(dep.iterate(ctl, load=1).probe for _ in range(12))
-    assert probes <= 720 // 64 + 4  # after the first few, one per 8 x probe_every iterations of the deployment
+    # after the first few, one per MAX_PROBE_BACKOFF x probe_every plain steps of the deployment
+    assert probes <= 720 // int(8 * MAX_PROBE_BACKOFF) + 4
 
 
 def test_spec_stats_rates_and_positions():

@@ -121,6 +121,19 @@ def test_llmapi_config_gets_its_schedule_and_max_draft_len():
     assert cfg.llmapi.draft_len_schedule == {1: 3, 4: 3, 8: 0}
 
 
+def test_llmapi_tune_never_writes_a_band_of_0_for_a_one_engine_drafter():
+    """EAGLE-3 one-model and MTP on TensorRT-LLM 1.2.x (no min_runtime_draft_len): a k=0 band would stop the drafter
+    and its stale state collapses acceptance when it resumes (trtspec.llmapi.draft_floor); tune writes 1 there and
+    says why. With llmapi.eagle3_two_model the band of 0 stays: the two-model drafter catches up."""
+    doc = _demo_llmapi()
+    doc["speculative"]["method"] = "eagle3"
+    tuned = apply_schedule(doc, {1: 3, 4: 2, 8: 0})
+    assert tuned.schedule == {1: 3, 4: 2, 8: 1} and tuned.doc["llmapi"]["draft_len_schedule"] == {1: 3, 4: 2, 8: 1}
+    assert any("draft 1 token instead" in n and "PR #16888" in n for n in tuned.notes)
+    doc["llmapi"]["eagle3_two_model"] = True
+    assert apply_schedule(doc, {1: 3, 4: 2, 8: 0}).schedule == {1: 3, 4: 2, 8: 0}
+
+
 def test_llmapi_with_nothing_paying_at_one_request_turns_speculation_off():
     doc = _demo_llmapi()
     doc["llmapi"]["draft_len_schedule"] = {1: 4, 8: 2}

@@ -28,6 +28,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 from trtspec.ragged import Segment
 from trtspec.reference_engine import EngineRequest, EngineResult, ReferenceEngine, Steps, cache_nbytes
 
@@ -231,6 +233,7 @@ class BatchScheduler:
                 seg.tokens[job.done_tokens : job.done_tokens + n],
                 seg.start + job.done_tokens,
                 seg.logit_rows if n == left else 0,
+                capture=seg.capture,
             )
             plan.append((job, piece))
             budget -= n
@@ -256,6 +259,9 @@ class BatchScheduler:
         finished: list[tuple[_Job, EngineResult | None, BaseException | None]] = []
         for job, piece in plan:
             if piece is not job.segment:
+                if piece.features is not None:  # a chunk's EAGLE-3 features: the segment's rows, in order
+                    have = job.segment.features if job.done_tokens else None
+                    job.segment.features = piece.features if have is None else torch.cat([have, piece.features])
                 job.done_tokens += len(piece.tokens)
                 if job.done_tokens < len(job.segment.tokens):
                     continue

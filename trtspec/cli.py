@@ -5,7 +5,9 @@ from __future__ import annotations
 import click
 
 from trtspec import __version__
-from trtspec.commands import bench, bench_engine, bench_loop, build, demo, doctor, infer, k8s, profile, serve, tune
+from trtspec.commands import (
+    bench, bench_engine, bench_loop, build, demo, doctor, infer, k8s, profile, serve, simulate, tune,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -21,6 +23,7 @@ def cli() -> None:
       trtspec infer "prompt" --stream
       trtspec bench --concurrency 1,4 --draft-tokens 0,2,4
       trtspec tune CONFIG            the best k per load, written as its schedule
+      trtspec simulate               the controller against GPU cost structures, no server
       trtspec k8s CONFIG -o k8s/     Kubernetes manifests, autoscaled
 
     `trtspec demo` runs all of it on the shipped demo pair on CPU.
@@ -28,7 +31,7 @@ def cli() -> None:
     """
 
 
-for _module in (build, doctor, serve, infer, bench, bench_loop, bench_engine, tune, profile, demo, k8s):
+for _module in (build, doctor, serve, infer, bench, bench_loop, bench_engine, tune, simulate, profile, demo, k8s):
     cli.add_command(_module.command)
 
 

@@ -111,7 +111,7 @@ class ModelConfig(_Strict):
 
 
 class AdaptivePolicy(_Strict):
-    """The goodput controller (draft_length_policy: adaptive, trtspec.speculative.GoodputController): each
+    """The goodput controller (draft_length_policy: adaptive, trtspec.controller.GoodputController): each
     iteration it drafts the k (0 included) and source with the most expected tokens per second, from acceptance
     and engine costs it measures online, shared by the deployment's loop processes."""
 
@@ -142,9 +142,11 @@ class SpeculativeConfig(_Strict):
     num_draft_tokens: Annotated[int, Field(ge=0, le=64, description="a request's draft length k when it asks for none (fixed: every iteration; adaptive: the most the controller picks); default: 4, or max_draft_len if smaller")] = 4
     use_draft_logits: bool = Field(default=False, description="with sampling: rejection sampling against the draft's distribution (false: token comparison)")
     draft_length_policy: Literal[DRAFT_LENGTH_POLICIES] = Field(  # type: ignore[valid-type]
-        default="fixed",
+        default="adaptive",
         description="adaptive: the goodput controller picks k (0 included) and the source each iteration from measured "
-        "acceptance and costs; fixed: always num_draft_tokens (for measuring a given k)",
+        "acceptance and costs, so drafting that does not pay at the current load steps aside (the default, so that a "
+        "config does not speculate itself slower than target-only); fixed: always num_draft_tokens (for measuring a "
+        "given k)",
     )
     adaptive: AdaptivePolicy = Field(default=AdaptivePolicy(), description="the controller's settings")
     draft_source: Literal[tuple(SELECTIONS)] = Field(  # type: ignore[valid-type]
@@ -214,6 +216,12 @@ class LlmapiConfig(_Strict):
     )
     disable_overlap_scheduler: bool = Field(
         default=True, description="TensorRT-LLM's draft-target docs run two-model speculation without the overlap scheduler"
+    )
+    eagle3_two_model: bool = Field(
+        default=False,
+        description="method eagle3: run the head as a separate draft model (TensorRT-LLM's eagle3_one_model: false), so "
+        "that schedule bands of 0 and max_concurrency stop drafting; otherwise, on releases whose one-model path has no "
+        "floor for it (1.2.x), trtspec writes them as 1 (docs/eagle3.md)",
     )
     baseline_endpoint: bool = Field(
         default=False,

@@ -14,7 +14,7 @@ accepted prefix, and none at all when the end token comes first.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -22,14 +22,13 @@ from pydantic import BaseModel, ConfigDict
 
 from trtspec.config import SpeculativeConfig
 from trtspec.contract import REQUEST_FIELDS, RequestError
-from trtspec.drafters import (
-    SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target, estimate_key, source_of,
-)
+from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target
+from trtspec.guided import GuidedRequest, GuidedSettings
 from trtspec.logprobs import TopLogProbs
 from trtspec.metrics import SpecStats
-from trtspec.speculative import (
-    Estimates, GoodputController, draft_len_at_load, find_stop, fixed_draft_len, plain_run,
-)
+from trtspec.planner import Planner, RequestPolicy
+from trtspec.controller import Estimates
+from trtspec.speculative import find_stop
 from trtspec.triton_io import to_words_list
 
 # (model name, input tensors, requested outputs) -> output tensors; raises EngineCallError on failure
@@ -60,6 +59,7 @@ class LoopSettings(BaseModel):
     draft_disabled: bool = False  # the target-only baseline endpoint
     engine_input_names: dict[str, str] = {}  # TensorRT-LLM version aliases, e.g. {"min_tokens": "min_length"}
     max_concurrent_requests: int = 64
+    guided: GuidedSettings | None = None  # None: guided requests are refused (trtspec.guided)
 
     def engine_name(self, name: str) -> str:
         return self.engine_input_names.get(name, name)
@@ -96,6 +96,8 @@ class LoopRequest:
     return_num_output_tokens: bool | None = None
     return_log_probs: bool | None = None  # the target's log-probability of each token it emits
     top_log_probs: int | None = None  # N: the target's N most likely tokens at each emitted position
+    guided_decoding_guide_type: str | None = None  # trtspec.guided
+    guided_decoding_guide: str | None = None
 
 
 @dataclass
@@ -141,17 +143,6 @@ def validate(req: LoopRequest, settings: LoopSettings) -> None:
 
 def _i32(*v: int) -> np.ndarray:
     return np.array([list(v)], dtype=np.int32)
-
-
-def _scored(proposal: tuple[str, int, list[int]], seq: Sequence[int]) -> tuple[str, int, int] | None:
-    """A proposal that was not drafted, scored against what the target produced since (`seq`) once that decides it
-    (a mismatch, or every position produced): (estimate key, proposed, accepted); None while undecided."""
-    key, at, tokens = proposal
-    produced = seq[at : at + len(tokens)]
-    matched = next((i for i, (a, b) in enumerate(zip(tokens, produced)) if a != b), len(produced))
-    if matched == len(produced) < len(tokens):
-        return None  # still matching, not all produced yet
-    return key, len(tokens), matched
 
 
 class SpeculativeLoop:
@@ -275,128 +266,74 @@ class SpeculativeLoop:
 
     # -------------------------------------------------------------- the loop
 
-    def _drafters(self, selection: str, common: Mapping[str, np.ndarray]) -> list[tuple[str, Drafter]]:
-        """(source, drafter) in the order they are asked; the first proposal wins."""
-        if self.settings.draft_disabled:
-            return []
+    def _drafters(self, sources: Sequence[str], common: Mapping[str, np.ndarray]) -> dict[str, Drafter]:
         call = self._draft_call(common)
-        return [
-            (name, SOURCES[name].make(self.settings, call))
-            for name in SELECTIONS[selection]
-            if self.settings.draft_model is not None or not SOURCES[name].needs_draft_model or drafts_in_target(self.settings)
-        ]
+        return {name: SOURCES[name].make(self.settings, call) for name in sources}
+
+    def planner(self, req: LoopRequest, drafting: bool = True) -> Planner:
+        """The request's decisions (trtspec.planner): its sources, policy and k, on this deployment; `drafting` false:
+        none (a guided request on an engine that cannot verify drafts under its guide)."""
+        spec = self.settings.speculative
+        selection = req.draft_source or spec.draft_source
+        in_target = drafts_in_target(self.settings)
+        sources = Planner.sources_for(selection, self.settings.draft_model is not None, in_target,
+                                      self.settings.draft_disabled or not drafting)
+        policy = RequestPolicy(
+            max_tokens=req.max_tokens,
+            num_draft_tokens=spec.num_draft_tokens if req.num_draft_tokens is None else req.num_draft_tokens,
+            adaptive=(req.draft_length_policy or spec.draft_length_policy) == "adaptive",
+            selection=selection,
+            stream=req.stream,
+        )
+        return Planner(spec, self.estimates, policy, sources, in_target=in_target and "model" in sources)
 
     def run(self, req: LoopRequest) -> Iterator[Step]:
         """Yields one Step per target call (the last has final=True). Raises RequestError."""
         validate(req, self.settings)
-        spec = self.settings.speculative
-        k_req = spec.num_draft_tokens if req.num_draft_tokens is None else req.num_draft_tokens
+        guided = GuidedRequest.start(req, self.settings)  # guided decoding (trtspec.guided): None without a guide
+        planner = self.planner(req, drafting=guided is None or guided.drafts)
+        planner.stats.guided_without_drafting = int(guided is not None and not guided.drafts)
         common = self._sampling_tensors(req)
+        common.update(guided.engine_tensors() if guided else {})
         verify_common = dict(common, stop_words_list=to_words_list(req.stop_words)) if req.stop_words else common
-        drafters = self._drafters(req.draft_source or spec.draft_source, common)
-        in_target = next((d for _, d in drafters if isinstance(d, TargetDrafter)), None)
-        adaptive = (req.draft_length_policy or spec.draft_length_policy) == "adaptive"
-        controller = GoodputController(self.estimates, spec.adaptive)
-        stats = SpecStats()
+        drafters = self._drafters(planner.sources, common)
+        in_target = drafters.get("model") if planner.in_target else None
         seq, generated = list(req.prompt), []
-        failed: set[str] = set()
-        draft_seen = 0  # tokens of seq the draft model holds (it catches up on the rest when it drafts next)
-        # plain calls in a row (a request that cannot draft, as on the baseline, has whole runs from the start);
-        # streamed requests, and the target's own drafter, take one token per call
-        stretch: int | None = 0 if drafters and k_req else None
-        runs = not req.stream and in_target is None
-        unverified: list[tuple[str, int, list[int]]] = []  # free proposals not drafted: (estimate key, len(seq), tokens)
 
-        def ask(source: str, drafter: Drafter, k: int) -> tuple[Proposal, float]:
-            t0 = time.perf_counter()
-            try:
-                proposal = drafter.propose(seq, k, req.use_draft_logits and SOURCES[source].gives_logits)
-            except EngineCallError:
-                # a missing or failing drafter must not fail the request: go on without it
-                failed.add(source)
-                stats.draft_fallbacks += 1
-                proposal = Proposal([])
-            return proposal, time.perf_counter() - t0
+        def propose(source: str, tokens: Sequence[int], k: int) -> Proposal:
+            # the sources that need no engine call; the target's own drafter: the whole draft of the last answer
+            return Proposal(list(in_target.next)) if in_target is not None and source == "model" else \
+                drafters[source].propose(tokens, k, False)
 
         while True:
-            remaining = req.max_tokens - len(generated)
-            k, lookup_only = fixed_draft_len(k_req if drafters else 0, remaining), False
             load = self.in_flight()
-            if k and (spec.max_concurrency is not None or spec.draft_len_schedule):
-                # the user's caps on top of the controller: drafting stops, or shortens, with the load
-                k, lookup_only = draft_len_at_load(
-                    k, load, spec.max_concurrency, spec.draft_len_schedule, spec.ngram_above_max_concurrency
-                )
-                stats.load_paused_iterations += k == 0
-            usable = [
-                (source, drafter)
-                for source, drafter in drafters
-                if k and source not in failed and not (lookup_only and SOURCES[source].needs_draft_model)
-            ]
-            missed = len(seq) - draft_seen
-            proposal, used, draft_s, probe = Proposal([]), None, None, False
-            if adaptive and usable:
-                # sources that need no engine (prompt lookup) propose first, at no cost: a match bounds their k
-                free = {s: ask(s, d, k)[0] for s, d in usable if not SOURCES[s].needs_draft_model}
-                # what each source may propose now: prompt lookup its match, the target's own drafter what its
-                # last answer carried, the draft model up to k
-                keys = {s: estimate_key(s, free[s].match if s in free else 0) for s, _ in usable}
-                caps = {keys[s]: len(free[s].tokens) if s in free else min(k, len(d.next)) if d is in_target else k
-                        for s, d in usable}
-                choice = controller.choose(load, caps, missed, bool(stats.num_iterations))
-                probe = choice.probe
-                chosen = source_of(choice.source) if choice.source is not None else None
-                if chosen in free:
-                    proposal, used = Proposal(free[chosen].tokens[: choice.k]), chosen
-                elif chosen is not None:
-                    proposal, draft_s = ask(chosen, dict(usable)[chosen], choice.k)
-                    used = chosen if proposal.tokens else None
-                used_key = keys.get(used) if used else None
-                unverified += [(keys[s], len(seq), p.tokens) for s, p in free.items() if s != used and p.tokens]
-                if in_target is not None and used != "model" and in_target.next:
-                    # the head's draft that came with the last answer and is not verified: scored for free too
-                    unverified.append((estimate_key("model"), len(seq), list(in_target.next)))
-            else:
-                for source, drafter in usable:  # fixed: the first source with a proposal wins
-                    proposal, seconds = ask(source, drafter, k)
-                    if proposal.tokens:
-                        used, draft_s = source, seconds
-                        break
-                used_key = estimate_key(used, proposal.match) if used else None
+            plan = planner.plan(load, seq, propose)
+            proposal, draft_s, draft_failed = Proposal(plan.tokens or []), None, False
+            batch = [1, max(0, plan.missed - 2)]
+            if plan.calls_draft_model:
+                t0 = time.perf_counter()
+                with self.estimates.draft_call(plan.missed) as batch:
+                    try:
+                        proposal = drafters[plan.source].propose(
+                            seq, plan.k, req.use_draft_logits and SOURCES[plan.source].gives_logits)
+                    except EngineCallError:
+                        draft_failed = True
+                draft_s = time.perf_counter() - t0
+            proposal = guided.cut(proposal, plan.plain) if guided else proposal  # no token the grammar refuses
             draft = proposal.tokens
-            stats.load_paused_iterations += bool(lookup_only and k and not draft)  # the model would have drafted
-            # The target's own drafter (EAGLE-3) drafts for the next call as asked: the k the controller would
-            # draft next. Through a k = 0 stretch it is asked for one token: that keeps its cache current (and
-            # its first position's acceptance learnt, scored above), where asking for none would make the first
-            # call after the stretch recompute every position it missed.
-            next_k = 0
-            if in_target is not None and k:
-                next_k = k if not adaptive else max(1, controller.next_draft_len("model", k, load))
-            clean = bool(stats.num_iterations)  # the request's first call carries its prompt's prefill
-            if in_target is not None:
-                # a call's time includes the drafting it asks for: a clean sample of its k only where that
-                # drafting goes with it (drafting k and asking k more, or a plain step in a stretch)
-                clean = clean and ((next_k == len(draft)) if used == "model" else next_k <= 1)
-            plain = plain_run(None if stretch is None else stretch + 1, remaining) if runs and not draft else 1
+            remaining = req.max_tokens - len(generated)
+            plan = replace(plan, plain=guided.plain(plan.plain, remaining)) if guided else plan
             t0 = time.perf_counter()
-            new, log_probs, top = self._verify(
-                seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), bool(req.return_log_probs),
-                in_target, next_k, req.top_log_probs or 0, req.temperature, plain,
-            )
+            with self.estimates.target_call(1 + len(draft)) as step:  # a step's tokens: a plain run's is 1
+                new, log_probs, top = self._verify(
+                    seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), bool(req.return_log_probs),
+                    in_target, plan.next_k, req.top_log_probs or 0, req.temperature, plan.plain,
+                )
             verify_s = time.perf_counter() - t0
-            accepted = 0
-            while accepted < min(len(draft), len(new)) and new[accepted] == draft[accepted]:
-                accepted += 1
+            raw = list(new)
+            accepted = next((i for i, (a, b) in enumerate(zip(draft, new)) if a != b), min(len(draft), len(new)))
             # a token asked for is missing: the end token came, which TensorRT-LLM never returns
-            done = len(new) < accepted + plain
-            # a plain run's cost per step: what a plain step costs where it is not a call of its own
-            controller.record(load, used_key, len(draft), accepted, verify_s / plain if clean else None, draft_s, missed,
-                              plain)
-            if stretch is not None:  # a probe that failed does not end a stretch
-                stretch = 0 if draft and (accepted or not probe) else stretch + 1
-            if used is not None and SOURCES[used].needs_draft_model:
-                draft_seen = len(seq) + min(accepted, len(draft) - 1)
-            stats.record(len(draft), accepted, used)
+            done = len(new) < accepted + (1 if draft else plan.plain)
             new = new[:remaining]
             done = done or len(generated) + len(new) >= req.max_tokens
             if req.end_id is not None and req.end_id in new:
@@ -407,16 +344,13 @@ class SpeculativeLoop:
                     new, done = (generated + new)[len(generated) : cut], True
             before = list(generated)
             generated += new
+            if guided:
+                guided.accept(new)
             seq += new
-            if adaptive and plain > 1:
-                # what prompt lookup would have proposed inside the run, scored as any lookup not drafted is
-                unverified += [(estimate_key(s, p.match), at, p.tokens) for at in range(len(seq) - len(new) + 1, len(seq))
-                               for s, d in usable if not SOURCES[s].needs_draft_model
-                               for p in [d.propose(seq[:at], k, False)] if p.tokens]
-            outcomes = [(u, _scored(u, seq)) for u in unverified]
-            controller.observe(o for _, o in outcomes if o is not None)
-            unverified = [u for u, o in outcomes if o is None]
-            yield Step(new, before, stats, final=done, log_probs=None if log_probs is None else log_probs[: len(new)],
+            planner.outcome(plan, load, draft, raw, verify_s, draft_s, seq, len(new), propose, draft_failed, batch[0],
+                            step[0], batch[1])
+            yield Step(new, before, planner.stats, final=done,
+                       log_probs=None if log_probs is None else log_probs[: len(new)],
                        top=None if top is None else top.head(len(new)))
             if done:
                 return

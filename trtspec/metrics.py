@@ -12,12 +12,13 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from trtspec.contract import RESPONSE_STATS
 from trtspec.drafters import ESTIMATE_KEYS, SOURCES
+from trtspec.controller import GoodputController
 
 REQUESTS_COUNTER = "spec_decode_num_requests"
 EMITTED_COUNTER = "spec_decode_num_emitted_tokens"
@@ -36,6 +37,7 @@ class SpecStats:
     draft_fallbacks: int = 0  # draft calls that failed; the request went on target-only
     load_paused_iterations: int = 0  # iterations without a draft for load: max_concurrency or draft_len_schedule
     acceptance_derived: int = 0  # 1 (per request): figures derived from tokens and steps, the engine reported none
+    guided_without_drafting: int = 0  # 1 (per request): guided, on an engine that cannot verify drafts under a guide
     proposed_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     draft_len_counts: list[int] = field(default_factory=list)  # entry k: iterations that verified k draft tokens
@@ -188,6 +190,8 @@ ENGINE_KV_BYTES_GAUGE = "trtspec_engine_kv_cache_bytes"
 # execute() only queues a request for the scheduler, so Triton's compute_infer no longer holds the engine's work
 ENGINE_BUSY_COUNTER = "trtspec_engine_busy_ns"
 ENGINE_STEPS_COUNTER = "trtspec_engine_steps"
+# the in-engine EAGLE-3 head's work by kind (trtspec.reference_engine.eagle3.HeadWork): a k = 0 stretch adds none
+ENGINE_EAGLE3_HEAD_COUNTER = "trtspec_engine_eagle3_head_work"
 
 
 class EngineGauges:
@@ -200,7 +204,8 @@ class EngineGauges:
 
     MIN_INTERVAL_S = 0.25  # each gauge update is a round trip to the server: not at every step
 
-    def __init__(self, pb_utils: Any, model_name: str):
+    def __init__(self, pb_utils: Any, model_name: str, head_work: Sequence[str] = ()):
+        """`head_work`: the kinds of an in-engine EAGLE-3 head's work to count (none: the engine has no head)."""
         kind = pb_utils.MetricFamily.GAUGE
         self._families = {
             ENGINE_REQUESTS_GAUGE: pb_utils.MetricFamily(
@@ -225,10 +230,27 @@ class EngineGauges:
         self._tokens = self._families[ENGINE_STEP_TOKENS_GAUGE].Metric(labels)
         self._kv = self._families[ENGINE_KV_BYTES_GAUGE].Metric(labels)
         self._sent_at = 0.0
+        self._head: dict[str, Any] = {}
+        self._head_sent: dict[str, int] = {}
+        if head_work:
+            self._families[ENGINE_EAGLE3_HEAD_COUNTER] = family = pb_utils.MetricFamily(
+                name=ENGINE_EAGLE3_HEAD_COUNTER, kind=pb_utils.MetricFamily.COUNTER,
+                description="The in-engine EAGLE-3 head's work: target rows captured, head cache positions extended, "
+                "tokens drafted")
+            self._head = {kind: family.Metric(dict(labels, kind=kind)) for kind in head_work}
+            self._head_sent = dict.fromkeys(head_work, 0)
 
     def busy(self, ns: int) -> None:
         with TRITON_METRICS_LOCK:
             self._busy.increment(ns)
+
+    def head_work(self, totals: dict[str, int]) -> None:
+        """`totals`: HeadWork.as_dict(), counted since the engine started; sent as increments."""
+        with TRITON_METRICS_LOCK:
+            for kind, total in totals.items():
+                if kind in self._head and total > self._head_sent[kind]:
+                    self._head[kind].increment(total - self._head_sent[kind])
+                    self._head_sent[kind] = total
 
     def update(self, stats: Any) -> None:
         """`stats`: a trtspec.batching.SchedulerStats. Called after every step and once more when the engine has
@@ -254,10 +276,11 @@ CONTROLLER_CATCHUP_GAUGE = "trtspec_controller_catchup_seconds_per_token"
 
 
 class ControllerGauges:
-    """The goodput controller's current estimates (trtspec.speculative.Estimates, shared by the deployment's loop
+    """The goodput controller's current estimates (trtspec.controller.Estimates, shared by the deployment's loop
     processes) as Triton gauges: why it chose the k it chose. Acceptance per draft position per source (given every
-    earlier position was accepted), and the measured seconds of a verify call and of a draft-model call by draft
-    length and requests in flight, plus the draft model's catch-up prefill per token; only measured entries."""
+    earlier position was accepted), the measured seconds of a verify call by draft length and requests in flight,
+    and a draft-model call's fitted seconds per drafted and per caught-up token by requests in the call; only
+    measured entries."""
 
     MIN_INTERVAL_S = 1.0  # each gauge is a round trip to the server: not after every request
 
@@ -266,8 +289,8 @@ class ControllerGauges:
         docs = {
             CONTROLLER_ACCEPTANCE_GAUGE: "Controller's acceptance estimate by draft source and position",
             CONTROLLER_VERIFY_GAUGE: "Controller's measured verify-call seconds by draft length (0: a plain step) and load",
-            CONTROLLER_DRAFT_GAUGE: "Controller's measured draft-model-call seconds by draft length and load",
-            CONTROLLER_CATCHUP_GAUGE: "Controller's measured draft-model catch-up seconds per missed token by load",
+            CONTROLLER_DRAFT_GAUGE: "Controller's draft-model-call seconds per drafted token, by requests in the call",
+            CONTROLLER_CATCHUP_GAUGE: "Controller's draft-model catch-up seconds per missed token, by requests in the call",
         }
         self._families = {n: pb_utils.MetricFamily(name=n, description=d, kind=kind) for n, d in docs.items()}
         self._labels = {"model": model_name}
@@ -281,24 +304,24 @@ class ControllerGauges:
         self._metrics[key].set(float(value))
 
     def update(self, est: Any, positions: int) -> None:
-        """`est`: trtspec.speculative.Estimates; `positions`: draft positions to report (max_draft_len)."""
+        """`est`: trtspec.controller.Estimates; `positions`: draft positions to report (max_draft_len)."""
         now = time.monotonic()
         if now - self._sent_at < self.MIN_INTERVAL_S:
             return
         self._sent_at = now
         # copies: other requests' threads and processes update the shared estimates while these are read
         reached, accepted = np.array(est.reached), np.array(est.accepted)
-        costs = ((CONTROLLER_VERIFY_GAUGE, np.array(est.verify_s), np.array(est.verify_n)),
-                 (CONTROLLER_DRAFT_GAUGE, np.array(est.draft_s), np.array(est.draft_n)))
-        catchup_s, catchup_n = np.array(est.catchup_s), np.array(est.catchup_n)
+        verify_s, verify_n = np.array(est.verify_s), np.array(est.verify_n)
+        fitted = np.flatnonzero(est.draft_fit_n)
+        rates = {int(b): GoodputController(est, None).draft_rates(int(b)) for b in fitted}
         with TRITON_METRICS_LOCK:
             for si, source in enumerate(ESTIMATE_KEYS):
                 for i in range(positions):
                     if reached[si, i] > 0:
                         self._set(CONTROLLER_ACCEPTANCE_GAUGE, accepted[si, i] / reached[si, i],
                                   source=source, position=str(i))
-            for family, means, counts in costs:
-                for k, load in zip(*np.nonzero(counts)):
-                    self._set(family, means[k, load], draft_len=str(k), load=str(load))
-            for load in np.flatnonzero(catchup_n):
-                self._set(CONTROLLER_CATCHUP_GAUGE, catchup_s[load], load=str(load))
+            for k, load in zip(*np.nonzero(verify_n)):
+                self._set(CONTROLLER_VERIFY_GAUGE, verify_s[k, load], draft_len=str(k), load=str(load))
+            for batch, (per_token, per_missed) in rates.items():
+                self._set(CONTROLLER_DRAFT_GAUGE, per_token, batch=str(batch))
+                self._set(CONTROLLER_CATCHUP_GAUGE, per_missed, batch=str(batch))

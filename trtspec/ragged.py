@@ -30,6 +30,7 @@ class Segment:
     logit_rows: int = 0  # logits wanted for the last this-many tokens
     logits: torch.Tensor | None = field(default=None, repr=False)
     features: torch.Tensor | None = field(default=None, repr=False)  # EAGLE-3 capture-layer outputs of its rows
+    capture: bool = False  # the in-engine EAGLE-3 head wants `features` of this segment's rows
 
 
 class RaggedBatch:

@@ -28,6 +28,10 @@ from trtspec.config import BuildConfig, EngineKind, checkpoint_path
 from trtspec.drafters import drafts_in_target
 from trtspec.reference_engine.tensor_io import NEXT_DRAFT_IDS, NEXT_DRAFT_LEN
 from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_OUTPUTS, RESPONSE_STATS, nvidia
+from trtspec.guided import (
+    BACKEND as GUIDED_BACKEND, BACKEND_PARAMETER, GUIDE_START, TOKENIZER_INFO_FILE, TOKENIZER_INFO_PARAMETER,
+    GuidedSettings, load_tokenizer_info, write_tokenizer_info,
+)
 from trtspec.loop import LoopSettings
 from trtspec.pipeline.preflight import plan_max_num_tokens
 from trtspec.triton.loop_model import settings_parameter
@@ -147,8 +151,42 @@ def pre_post_io(config: mc.ModelConfig, version: str | None) -> None:
             config.input.add().CopyFrom(t)
 
 
-def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_input_names: dict[str, str]) -> LoopSettings:
+def guided_settings(cfg: BuildConfig, version: str | None, final_root: Path) -> GuidedSettings | None:
+    """How the deployment serves guided requests: None where its release's tensorrt_llm model declares no guide
+    inputs (before 0.19), xgrammar is not installed, or the target has no fast tokenizer (then guided requests are
+    refused by name)."""
+    import importlib.util
+
+    declared = any(t.name == "guided_decoding_guide_type" for t in _contract(version, TARGET).inputs)
+    if not declared or importlib.util.find_spec("xgrammar") is None:
+        return None
+    if load_tokenizer_info(checkpoint_path(cfg, "target")) is None:
+        return None
+    from transformers import AutoConfig
+
+    vocab = int(AutoConfig.from_pretrained(str(checkpoint_path(cfg, "target"))).vocab_size)
+    return GuidedSettings(
+        tokenizer_info=str((final_root / TARGET / TOKENIZER_INFO_FILE).resolve()),
+        vocab_size=vocab,
+        # TensorRT-LLM's engine masks one position per step and restarts the guide per request (trtspec.guided)
+        mode="per_call" if cfg.engine is EngineKind.reference else "one_call",
+    )
+
+
+def _guided_params(config: mc.ModelConfig, guided: GuidedSettings | None, reference: bool) -> None:
+    """NVIDIA's tensorrt_llm parameters for guided decoding (model_instance_state.cc getGuidedDecodingConfigFromParams),
+    and the reference engine's extension input (where the guided output starts)."""
+    if guided is None:
+        return
+    _set_params(config, **{BACKEND_PARAMETER: GUIDED_BACKEND, TOKENIZER_INFO_PARAMETER: guided.tokenizer_info})
+    if reference:
+        _add_tensor(config.input, GUIDE_START, "INT32", (1,), optional=True)
+
+
+def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_input_names: dict[str, str],
+                  guided: GuidedSettings | None = None) -> LoopSettings:
     return LoopSettings(
+        guided=guided,
         speculative=cfg.speculative,
         max_input_len=cfg.limits.max_input_len,
         target_model=TARGET,
@@ -264,8 +302,10 @@ def generate_repository(
     trtllm_version: str | None = None,
     kv_cache_fractions: dict[str, float] | None = None,
     kernel_dir: Path | None = None,
+    final_dir: Path | None = None,
 ) -> Path:
-    """Writes `output_dir` (replacing it only once the new one is complete) and returns it."""
+    """Writes `output_dir` (replacing it only once the new one is complete) and returns it. `final_dir`: where the
+    repository is served from, if it is moved there after (the paths of files inside it point there)."""
     output_dir = Path(output_dir)
     version = trtllm_version or cfg.tensorrt_llm_version
     fractions = dict(kv_cache_fractions or {})
@@ -284,7 +324,8 @@ def generate_repository(
             write_llmapi_models(cfg, partial, w.write, load_template(TEXT), draft_dir=draft_engine_dir,
                                 version=version, kv_fraction=fractions.get("target"))
         else:
-            _write_models(cfg, partial, version, fractions, target_engine_dir, draft_engine_dir, kernel_dir)
+            _write_models(cfg, partial, version, fractions, target_engine_dir, draft_engine_dir, kernel_dir,
+                          Path(final_dir or output_dir))
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)  # nothing half-written is left looking finished
         raise
@@ -302,12 +343,14 @@ def _write_models(
     target_engine_dir: Path | None,
     draft_engine_dir: Path | None,
     kernel_dir: Path | None = None,
+    final_root: Path | None = None,
 ) -> None:
     spec = cfg.speculative
     # an EAGLE-3 head drafts inside the target engine: no tensorrt_llm_draft model
     uses_model = cfg.draft is not None and spec.draft_source in ("model", "hybrid") and not drafts_in_target(cfg)
     w = _Writer(cfg, partial)
     tokenizer_dir = checkpoint_path(cfg, "target").resolve()
+    guided = guided_settings(cfg, version, final_root or partial.with_name(partial.name.removesuffix(".partial")))
 
     for name, count in (
         ("preprocessing", cfg.triton.preprocessing_instance_count),
@@ -320,9 +363,16 @@ def _write_models(
         w.write(c, TEMPLATES / name / "1" / "model.py")
 
     engine_py = TEMPLATES / "reference_engine" / "1" / "model.py" if cfg.engine is EngineKind.reference else None
-    w.write(w.batch(_engine_config(cfg, "target", TARGET, target_engine_dir, version, fractions.get("target"), kernel_dir)), engine_py)
+    reference = cfg.engine is EngineKind.reference
+    target = _engine_config(cfg, "target", TARGET, target_engine_dir, version, fractions.get("target"), kernel_dir)
+    _guided_params(target, guided, reference)
+    w.write(w.batch(target), engine_py)
+    if guided is not None:  # what NVIDIA's generate_xgrammar_tokenizer_info.py writes
+        write_tokenizer_info(tokenizer_dir, partial / TARGET)
     if cfg.draft is not None and uses_model:
-        w.write(w.batch(_engine_config(cfg, "draft", DRAFT, draft_engine_dir, version, fractions.get("draft"), kernel_dir)), engine_py)
+        draft = _engine_config(cfg, "draft", DRAFT, draft_engine_dir, version, fractions.get("draft"), kernel_dir)
+        _guided_params(draft, guided, reference)  # the draft's logits are masked too (same vocabulary)
+        w.write(w.batch(draft), engine_py)
     aliases = LEGACY_ENGINE_NAMES if legacy_tensor_names(version) else {}
     # token ids in (speculative, baseline_loop) or text in (ensemble, baseline): one LoopModel serves both
     for name, template, declare_io, baseline in (
@@ -333,7 +383,7 @@ def _write_models(
         c.name = name
         c.instance_group[0].count = cfg.triton.speculative_instance_count if not baseline else 1
         declare_io(c, version)
-        settings = loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases)
+        settings = loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases, guided=guided)
         _set_params(c, tokenizer_dir=tokenizer_dir, **settings_parameter(settings))
         w.write(c, TEMPLATES / LOOP / "1" / "model.py")
 

@@ -21,8 +21,8 @@ _FAST_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 def load_tokenizer(tokenizer_dir: str | Path) -> Any:
     """The tokenizer AutoTokenizer loads, without importing torch where the class is known from tokenizer_config.json:
-    AutoTokenizer reads the model's config through transformers' configuration module, which imports torch (~2.5 s
-    of CPU and ~260 MB in every model process that only tokenizes; measured in docs/benchmarks/faults.md)."""
+    AutoTokenizer reads the model's config through transformers' configuration module, which imports torch (seconds
+    of CPU and hundreds of MB in every model process that only tokenizes; measured in docs/benchmarks/faults.md)."""
     try:
         cls = json.loads((Path(tokenizer_dir) / "tokenizer_config.json").read_text()).get("tokenizer_class")
     except (OSError, ValueError, AttributeError):

@@ -262,6 +262,7 @@ def build_results(run: BenchRun) -> dict[str, Any]:
             "fixed_k": sorted(set(s.fixed_k)),
             "draft_source": s.draft_source,
             "draft_length_policy": s.draft_length_policy,
+            "deployment_draft_length_policy": s.deployment_policy,
             "requests_per_cell": s.requests_per_cell,
             "warmup_per_cell": s.warmup,
             "rounds": s.rounds,
@@ -394,6 +395,34 @@ def _write_profile(run: BenchRun, out: Path) -> tuple[dict[str, Any], dict[str, 
 # ------------------------------------------------------------------------------------------------ plots
 
 
+def series_label(cell: dict[str, Any], deployment_policy: str | None = None) -> str:
+    """A cell's line in the plots, named by what chose its draft length: under adaptive the controller picks k each
+    iteration up to the cell's k, so "k=3" would read as a fixed k = 3. A cell that sent no policy runs under the
+    deployment's (`deployment_policy`, where the bench could read it)."""
+    k, policy = cell["num_draft_tokens"], cell.get("draft_length_policy") or deployment_policy
+    if cell["endpoint"] == BASELINE:
+        return "baseline (target only)"
+    if k == 0:
+        return "speculative endpoint, drafting off"
+    if policy == "adaptive":
+        return f"controller, k <= {k}"
+    if policy == "fixed":
+        return f"fixed k = {k}"
+    return f"k = {k}, the deployment's policy"
+
+
+def _series(cells: list[dict[str, Any]], deployment_policy: str | None) -> dict[str, list[dict[str, Any]]]:
+    """Cells by plot line (series_label), baseline first, then by k, fixed before the controller; each line's
+    cells by concurrency."""
+    def order(c: dict[str, Any]) -> tuple:
+        return (c["endpoint"] != BASELINE, c["num_draft_tokens"], c.get("draft_length_policy") or "")
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    for c in sorted(cells, key=lambda c: (order(c), c["concurrency"])):
+        out.setdefault(series_label(c, deployment_policy), []).append(c)
+    return out
+
+
 def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
     import matplotlib
 
@@ -403,18 +432,18 @@ def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
     files: dict[str, str] = {}
     cells = results["cells"]
     n_cell = results["settings"]["requests_per_cell"]
+    policy = results["settings"].get("deployment_draft_length_policy")  # older results.json: absent
 
-    # 1. speedup over concurrency, one line per k
+    # 1. speedup over concurrency, one line per k and policy
     spec = [c for c in cells if c["speedup"] is not None]
     if spec:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for k in sorted({c["num_draft_tokens"] for c in spec}):
-            pts = sorted(((c["concurrency"], c["speedup"]["output_tokens_per_s"], c["num_ok"],
-                           c["speedup"]["baseline_num_requests"]) for c in spec if c["num_draft_tokens"] == k
-                          and c["speedup"]["output_tokens_per_s"] is not None))
+        for label, mine in _series(spec, policy).items():
+            pts = [(c["concurrency"], c["speedup"]["output_tokens_per_s"], c["num_ok"],
+                    c["speedup"]["baseline_num_requests"]) for c in mine
+                   if c["speedup"]["output_tokens_per_s"] is not None]
             if not pts:
                 continue
-            label = f"k={k}" + (" (ensemble, drafting off)" if k == 0 else "")
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
             for x, y, n, nb in pts:
                 ax.annotate(f"n={n}/{nb}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
@@ -433,14 +462,12 @@ def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
         plt.close(fig)
         files["plot_speedup"] = "speedup.png"
 
-    # 2. throughput over concurrency, total and per user, baseline and each k, with the crossover marked
+    # 2. throughput over concurrency, total and per user, baseline and each k and policy, with the crossover marked
     concs = sorted({c["concurrency"] for c in cells})
     if len(concs) > 1:
         fig, (total_ax, user_ax) = plt.subplots(1, 2, figsize=(11, 4.5))
-        for k in sorted({c["num_draft_tokens"] for c in cells}):
-            mine = sorted((c for c in cells if c["num_draft_tokens"] == k), key=lambda c: c["concurrency"])
-            baseline = not any(c["speculative"] for c in mine)
-            label = "baseline (target only)" if baseline else f"speculative k={k}"
+        for label, mine in _series(cells, policy).items():
+            baseline = mine[0]["endpoint"] == BASELINE
             style = {"color": "black", "linestyle": "--"} if baseline else {}
             for ax, value in ((total_ax, lambda c: c["output_tokens_per_s"]),
                               (user_ax, lambda c: c["tokens_per_s_per_user"]["mean"])):
@@ -464,26 +491,23 @@ def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
         plt.close(fig)
         files["plot_throughput"] = "throughput.png"
 
-    # 3. acceptance per position, one line per k (pooled over concurrency levels)
-    by_k: dict[int, dict[str, Any]] = {}
-    for c in cells:
-        if not c["speculative"] or not c["acceptance"]:
-            continue
-        agg = by_k.setdefault(c["num_draft_tokens"], {"acc": {}, "prop": {}, "n": 0})
-        agg["n"] += c["num_ok"]
-        for p in c["acceptance"]["per_position"]:
+    # 3. acceptance per position, one line per k and policy (pooled over concurrency levels)
+    by_series: dict[str, dict[str, Any]] = {}
+    for label, mine in _series([c for c in cells if c["speculative"] and c["acceptance"]], policy).items():
+        agg = by_series[label] = {"acc": {}, "prop": {}, "n": sum(c["num_ok"] for c in mine)}
+        for p in (p for c in mine for p in c["acceptance"]["per_position"]):
             agg["acc"][p["position"]] = agg["acc"].get(p["position"], 0) + p["accepted"]
             agg["prop"][p["position"]] = agg["prop"].get(p["position"], 0) + p["proposed"]
-    if by_k:
+    if by_series:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for k, agg in sorted(by_k.items()):
+        for label, agg in by_series.items():
             pos = sorted(p for p in agg["prop"] if agg["prop"][p])
             if not pos:
                 continue
             ax.plot([p + 1 for p in pos], [agg["acc"][p] / agg["prop"][p] for p in pos], marker="o",
-                    label=f"k={k}: n={agg['n']} requests, {sum(agg['prop'].values())} draft tokens")
+                    label=f"{label}: n={agg['n']} requests, {sum(agg['prop'].values())} draft tokens")
         ax.set_ylim(0, 1.05)
-        width = max((p for agg in by_k.values() for p in agg["prop"]), default=0) + 1
+        width = max((p for agg in by_series.values() for p in agg["prop"]), default=0) + 1
         ax.set_xticks(range(1, width + 1))
         ax.set_xlabel("position in the draft (1 = first draft token; position 0 in results.json)")
         ax.set_ylabel("acceptance rate (accepted / proposed)")
@@ -528,12 +552,8 @@ def plot_all(results: dict[str, Any], out: Path) -> dict[str, str]:
     chosen = [c for c in cells if c.get("k_chosen")]
     if chosen:
         fig, (mean_ax, off_ax) = plt.subplots(1, 2, figsize=(11, 4.5))
-        series = sorted({(c["num_draft_tokens"], c.get("draft_length_policy") or "") for c in chosen})
         concs = sorted({c["concurrency"] for c in cells})
-        for k, policy in series:
-            mine = sorted((c for c in chosen if (c["num_draft_tokens"], c.get("draft_length_policy") or "") == (k, policy)),
-                          key=lambda c: c["concurrency"])
-            label = f"k={k}" + (f" {policy}" if policy else "")
+        for label, mine in _series(chosen, policy).items():
             xs = [c["concurrency"] for c in mine]
             mean_ax.plot(xs, [c["k_chosen"]["mean"] for c in mine], marker="o", label=label)
             off_ax.plot(xs, [c["k_chosen"]["k0_fraction"] for c in mine], marker="o", label=label)

@@ -33,6 +33,7 @@ from trtspec.bench.metrics import LOOP_MODEL, OPENAI_LOOP_MODEL, CrossCheck, def
 from trtspec.bench.prompts import Prompt
 from trtspec.client import Chunk, Client, ClientError
 from trtspec.metrics import SpecStats
+from trtspec.triton.loop_model import SETTINGS_PARAMETER
 
 ENSEMBLE, BASELINE = "ensemble", "baseline"
 
@@ -61,6 +62,9 @@ class BenchSettings:
     profile_pids: Sequence[int] | None = None
     timeout: float = 600.0
     openai_models: dict[str, str] = field(default_factory=dict)  # endpoint -> OpenAI model name (found by the check)
+    # the deployment's own draft_length_policy, read by the check from the speculative endpoint's config (None: not
+    # known, e.g. through the OpenAI API): what the cells that send none run under
+    deployment_policy: str | None = None
 
     def validate(self) -> None:
         if self.api not in ("triton", "openai"):
@@ -278,6 +282,15 @@ def _get(url: str, timeout: float = 5.0) -> int:
         return e.code
 
 
+def deployment_policy(model_config: dict[str, Any]) -> str | None:
+    """The draft_length_policy in a loop model's config (Triton's JSON form); None where it has none."""
+    try:
+        loop = json.loads(model_config["parameters"][SETTINGS_PARAMETER]["string_value"])
+        return loop["speculative"]["draft_length_policy"]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def check_deployment(settings: BenchSettings, endpoints: Sequence[str]) -> None:
     """Fail early, with a message that says what to do, when the server or an endpoint is not there."""
     url = settings.url.removeprefix("http://").removeprefix("https://").rstrip("/")
@@ -311,6 +324,12 @@ def check_deployment(settings: BenchSettings, endpoints: Sequence[str]) -> None:
             if not ready:
                 raise BenchError(f"the server at {url} has no ready model {m!r}: is it a trtspec deployment "
                                  f"(its repository has `ensemble` and `baseline`)?")
+        if ENSEMBLE in endpoints:
+            try:
+                with urllib.request.urlopen(f"http://{url}/v2/models/{ENSEMBLE}/config", timeout=5) as resp:
+                    settings.deployment_policy = deployment_policy(json.loads(resp.read()))
+            except (urllib.error.URLError, OSError, ValueError):
+                pass  # only names the cells' policy in the report
         return
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
@@ -333,6 +352,12 @@ def check_deployment(settings: BenchSettings, endpoints: Sequence[str]) -> None:
                 ok = False
             if not ok:
                 raise BenchError(f"the server at {url} has no ready model {m!r}: is it a trtspec deployment?")
+        if ENSEMBLE in endpoints:
+            try:
+                config = client.get_model_config(ENSEMBLE, as_json=True, client_timeout=5)
+                settings.deployment_policy = deployment_policy(config.get("config", {}))
+            except InferenceServerException:
+                pass  # only names the cells' policy in the report
     finally:
         client.close()
 

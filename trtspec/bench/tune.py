@@ -104,7 +104,7 @@ def apply_schedule(doc: Mapping[str, Any], schedule: Mapping[int, int]) -> Tuned
         spec["num_draft_tokens"] = top
         if spec.pop("max_concurrency", None) is not None:
             notes.append("speculative.max_concurrency removed: the schedule's bands decide where drafting stops")
-        if spec.get("draft_length_policy") == "adaptive":
+        if spec.get("draft_length_policy", _default("draft_length_policy")) == "adaptive":
             notes.append("speculative.draft_length_policy is adaptive: the schedule caps the k it chooses")
         return Tuned(new, schedule, "speculative", notes)
 
@@ -124,6 +124,10 @@ def apply_schedule(doc: Mapping[str, Any], schedule: Mapping[int, int]) -> Tuned
     if clipped != schedule:
         notes.append(f"draft lengths above the first band's ({first}) lowered to it: TensorRT-LLM requires "
                      "schedule[1] == max_draft_len")
+    floored = _floor_one_engine(new, clipped, first)
+    if floored.schedule != clipped:
+        clipped = floored.schedule
+        notes += floored.notes
     old_max = spec.get("max_draft_len", _default("max_draft_len"))
     if old_max != first:
         notes.append(f"speculative.max_draft_len: {old_max} -> {first} (schedule[1] == max_draft_len)")
@@ -132,6 +136,19 @@ def apply_schedule(doc: Mapping[str, Any], schedule: Mapping[int, int]) -> Tuned
     if lim.pop("max_concurrency", None) is not None:
         notes.append("llmapi.max_concurrency removed: the schedule's bands decide where drafting stops")
     return Tuned(new, clipped, "llmapi", notes)
+
+
+def _floor_one_engine(doc: Mapping[str, Any], schedule: dict[int, int], max_draft_len: int):
+    """The schedule as trtspec will write it for the config's method on its pinned TensorRT-LLM release: a one-engine
+    drafter's bands of 0 become 1 where the release has no floor for them (trtspec.llmapi.draft_floor)."""
+    from trtspec.llmapi.draft_floor import resolve
+    from trtspec.llmapi.fields import pinned_version, version_fields
+
+    version = doc.get("tensorrt_llm_version")  # None: the pinned release
+    method = (doc.get("speculative") or {}).get("method") or ("draft_model" if doc.get("draft") else "ngram")
+    two_model = bool((doc.get("llmapi") or {}).get("eagle3_two_model"))
+    return resolve(method, version_fields(version), max_draft_len, schedule, None, two_model,
+                   version or f"{pinned_version()} (pinned)")
 
 
 def _default(name: str) -> Any:

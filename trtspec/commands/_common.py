@@ -6,10 +6,30 @@ import functools
 from typing import Any, Callable
 
 import click
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 
-console = Console(stderr=False, highlight=False)
-err_console = Console(stderr=True, highlight=False)
+#: the width of output that is no terminal (a file, a pipe, a CI log): rich would take 80 there and cut a wide
+#: table's columns to "tok…"; wider than any table, so tables print whole ($COLUMNS still wins where set)
+OFF_TERMINAL_WIDTH = 1000
+
+
+class _Console(Console):
+    """A rich Console that prints whole lines and tables where no terminal has a width to fit them to."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = Console.size.fget(self)  # type: ignore[attr-defined]
+        if self._width is None and not self.is_terminal and "COLUMNS" not in self._environ:
+            return ConsoleDimensions(OFF_TERMINAL_WIDTH, size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
+console = _Console(stderr=False, highlight=False)
+err_console = _Console(stderr=True, highlight=False)
 
 
 class UserError(click.ClickException):

@@ -32,7 +32,10 @@ Reports
                an EAGLE-3 head (speculative.method: eagle3) is checked against the
                target instead: architecture, vocab and draft_vocab_size, hidden size,
                d2t range, capture layers inside the target's depth; for method: mtp,
-               the target's MTP layers and architecture
+               the target's MTP layers and architecture; with engine: llmapi, what a
+               draft length of 0 does for the method on the release (EAGLE-3 one-model
+               and MTP on 1.2.x: schedule bands of 0 and max_concurrency are written
+               as 1, since the release has no floor and acceptance would collapse)
   the machine  GPUs via NVML (name, compute capability, memory; "no NVIDIA driver" is a
                normal answer), tritonserver, trtllm-build, TensorRT-LLM and TensorRT
   preflight    everything `trtspec build` would refuse, each with its fix: vocab or
@@ -77,6 +80,10 @@ def command(config: Path, gpus: str | None, output: Path | None) -> None:
                 say(f"  {role} precision: {escape(describe_precision(getattr(cfg, role).dtype, cfg.device))}")
                 say(f"  {role} weight products: {escape(describe_linear_kernels(getattr(cfg, role).linear_kernels, checkpoint_path(cfg, role), out / 'kernels', cfg.device))}")
 
+    if cfg.engine is EngineKind.llmapi:
+        for line in draft_length_floor(cfg, machine.tensorrt_llm_version):
+            say(f"  draft length 0: {escape(line)}")
+
     if cfg.engine is EngineKind.tensorrt_llm and pf.placement:
         say("[bold]Build plan[/]")
         say("  placement: " + "; ".join(f"{r} GPU {','.join(map(str, g))}" for r, g in pf.placement.items()))
@@ -100,6 +107,21 @@ def command(config: Path, gpus: str | None, output: Path | None) -> None:
         codes = ", ".join(dict.fromkeys(f.code for f in pf.errors))
         raise UserError(f"doctor found {len(pf.errors)} error(s): {codes} (details above)")
     say(f"[green]ok[/] ({len(pf.warnings)} warning(s))")
+
+
+def draft_length_floor(cfg, installed: str | None) -> list[str]:
+    """What a draft length of 0 does for this config's method on its TensorRT-LLM release (trtspec.llmapi.draft_floor;
+    what trtspec writes because of it comes with the preflight notes)."""
+    from trtspec.llmapi.draft_floor import explain
+    from trtspec.llmapi.fields import pinned_version, version_fields
+
+    version = cfg.tensorrt_llm_version or installed
+    try:
+        fields = version_fields(version)
+    except KeyError as e:
+        return [str(e.args[0])]
+    two_model = bool(cfg.llmapi and cfg.llmapi.eagle3_two_model)
+    return [explain(cfg.speculative.method or "draft_model", fields, version or f"{pinned_version()} (pinned)", two_model)]
 
 
 def runnable_flavours(trtllm_version: str | None) -> list[str]:

@@ -11,6 +11,7 @@ from trtspec.commands._common import UserError, console, err_console
 from trtspec.commands.serve import serve
 from trtspec.config import ConfigError, load_config
 from trtspec.k8s.manifests import (
+    API_KEY_SECRET_KEY,
     DEFAULT_IMAGE,
     DEFAULT_OPENAI_PORT,
     QUEUE_METRIC,
@@ -20,6 +21,7 @@ from trtspec.k8s.manifests import (
 from trtspec.k8s.topology import K8sError, plan_topology
 from trtspec.k8s.validate import KUBERNETES_VERSION, validate_bundle
 from trtspec.machine import GpuSpecError, nvml_gpus, parse_gpu_spec
+from trtspec.openai.auth import API_KEY_ENV
 
 HELP = f"""Write Kubernetes manifests for the deployment CONFIG describes, validated offline.
 
@@ -34,6 +36,7 @@ DIR gets a kustomize folder (`kubectl apply -k DIR`):
                         tp x pp > GPUs per node): one group of whole nodes, MPI
                         ranks started from the leader (+ rbac.yaml)
   service.yaml          http, grpc, metrics (ports from the config's triton:), openai
+                        (with --api-key-secret NAME its key comes from that Secret)
   hpa.yaml              autoscaling/v2 on {QUEUE_METRIC}
                         of the speculative loop model, per pod
   podmonitor.yaml       Prometheus scrape of the metrics port
@@ -66,6 +69,7 @@ Examples:
   trtspec k8s build_configs/llama-3.1-8b_llama-3.2-1b_h100.yaml -o k8s/ --gpus h100x8
   trtspec k8s CONFIG --dry-run --gpus h200x8 --image registry.example.com/trtspec:25.12
   trtspec k8s CONFIG -o k8s/ --gpus h100x8 --min-replicas 2 --max-replicas 8 --no-openai
+  trtspec k8s CONFIG -o k8s/ --gpus h100x8 --api-key-secret trtspec-api-key
 """
 
 
@@ -101,6 +105,10 @@ class InputError(UserError):
 @click.option("--openai-port", type=click.IntRange(1, 65535), default=DEFAULT_OPENAI_PORT, show_default=True,
               help="Port of the OpenAI-compatible endpoint in the pod and the Service.")
 @click.option("--no-openai", is_flag=True, help="No OpenAI-compatible port.")
+@click.option("--api-key-secret", default=None, metavar="NAME",
+              help=f"Protect the OpenAI API with the key in Secret NAME (its '{API_KEY_SECRET_KEY}' entry; create it "
+                   f"with `kubectl create secret generic NAME --from-literal={API_KEY_SECRET_KEY}=KEY`): the server container gets it "
+                   f"as ${API_KEY_ENV}, as `trtspec serve --api-key` [default: the API is open].")
 @click.option("--min-replicas", type=click.IntRange(1), default=1, show_default=True, help="HPA minimum (and initial replicas).")
 @click.option("--max-replicas", type=click.IntRange(1), default=4, show_default=True, help="HPA maximum.")
 @click.option("--target-queue", default="1", show_default=True,
@@ -124,6 +132,7 @@ def command(
     pvc_size: str,
     openai_port: int,
     no_openai: bool,
+    api_key_secret: str | None,
     min_replicas: int,
     max_replicas: int,
     target_queue: str,
@@ -140,7 +149,8 @@ def command(
         opts = K8sOptions(
             image=image, name=name, namespace=namespace, storage=storage,  # type: ignore[arg-type]
             models_path=models_path, build_dir=build_dir, pvc=pvc, pvc_size=pvc_size,
-            openai_port=None if no_openai else openai_port, min_replicas=min_replicas, max_replicas=max_replicas,
+            openai_port=None if no_openai else openai_port, api_key_secret=api_key_secret,
+            min_replicas=min_replicas, max_replicas=max_replicas,
             target_queue=target_queue, startup_timeout_s=startup_timeout, shm_size=shm_size,
             serve_flags=frozenset(o for p in serve.params for o in p.opts),
         )  # fmt: skip

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from trtspec.commands._common import UserError, console, err_console
+from trtspec.openai.auth import API_KEY_ENV
 from trtspec.openai.server import DEFAULT_PORT
 from trtspec.server import (
     LocalTritonServer,
@@ -61,6 +62,13 @@ and `trtspec serve` exit 1, so that a supervisor restarts it. If Triton
 itself dies, it exits 1 at once with the reason.
 
 \b
+API keys: with --api-key KEY (or $TRTSPEC_API_KEY, which `ps` does not
+show) every /v1 path of the OpenAI API needs `Authorization: Bearer KEY`
+(the openai client's api_key=KEY) and answers 401 without it, as vLLM's
+--api-key / $VLLM_API_KEY does. /health stays open for probes. Triton's
+own HTTP/gRPC/metrics ports are not behind the key: keep them private.
+
+\b
 Which tritonserver runs (first match wins):
   1. --tritonserver PATH, or $TRITONSERVER=PATH
   2. `tritonserver` on PATH
@@ -84,6 +92,7 @@ Examples:
   trtspec serve out/model_repository --http-port 0 --grpc-port 0   # free ports
   curl localhost:9000/v1/chat/completions -H 'Content-Type: application/json' \
     -d '{"model": "NAME", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 32}'
+  TRTSPEC_API_KEY=$(cat key.txt) trtspec serve out/model_repository   # clients: Authorization: Bearer <key>
   TRITONSERVER=/opt/tritonserver/bin/tritonserver trtspec serve repo --verbose
 """
 
@@ -109,13 +118,13 @@ def _models_table(server: TritonServer, repo: Path) -> Table:
 
 
 def _start_openai(repo: Path, server: TritonServer, port: int, name: str | None,
-                  watchdog: ModelWatchdog | None) -> Any:
+                  watchdog: ModelWatchdog | None, api_keys: tuple[str, ...]) -> Any:
     from trtspec.openai.backend import DeploymentError
     from trtspec.openai.server import OpenAIServer
 
     try:
         api = OpenAIServer(repo, server.endpoints.grpc_address, port=port, name=name,
-                           health=watchdog.health if watchdog is not None else None)
+                           health=watchdog.health if watchdog is not None else None, api_keys=api_keys)
     except DeploymentError as e:  # not a trtspec deployment: Triton alone is what this repository serves
         err_console.print(f"[yellow]OpenAI API off:[/] {escape(str(e))}", soft_wrap=True)
         return None
@@ -137,7 +146,8 @@ def _print_ready(server: TritonServer, repo: Path, elapsed: float, api: Any = No
         console.print(f"  health   http://{ep.host}:{health.port}/health/ready  /health/live  /metrics")
     if api is not None:
         models = ", ".join(api.deployment.models)
-        console.print(f"  OpenAI   {api.url}  (models: {escape(models)})")
+        key = ", API key required" if api.protected else ""
+        console.print(f"  OpenAI   {api.url}  (models: {escape(models)}{key})")
     if server.log_path:
         console.print(f"  log      {server.log_path}")
     console.print(_models_table(server, repo))
@@ -195,6 +205,10 @@ class _Follower:
 @click.option("--served-model-name", default=None, metavar="NAME",
               help="The model name of the OpenAI API [default: the build config's name from manifest.json beside "
                    "the repository, else the name of the folder that holds it].")
+@click.option("--api-key", "api_keys", multiple=True, envvar=API_KEY_ENV, metavar="KEY",
+              help=f"Require `Authorization: Bearer KEY` on the OpenAI API's /v1 paths (401 without it; see above). "
+                   f"Repeat it to accept several keys (a rotation). Prefer ${API_KEY_ENV} (keys separated by "
+                   "spaces): a command line is visible to every user of the machine [default: no key].")
 @click.option("--health-port", default=None, type=int,
               help=f"Port of /health/ready, /health/live and /metrics (model restarts) (0: pick a free one) "
                    f"[default: {DEFAULT_HEALTH_PORT}, or a free one when --http-port is 0].")
@@ -219,6 +233,7 @@ def serve(
     openai_port: int,
     openai: bool,
     served_model_name: str | None,
+    api_keys: tuple[str, ...],
     health_port: int | None,
     recovery_timeout: float,
     world_size: int,
@@ -278,7 +293,7 @@ def serve(
         except OSError as e:
             raise UserError(f"health endpoint: cannot listen on port {health_port} ({e.strerror}); pick "
                             "another with --health-port") from None
-        api = _start_openai(repo, server, openai_port, served_model_name, watchdog) if openai else None
+        api = _start_openai(repo, server, openai_port, served_model_name, watchdog, api_keys) if openai else None
         _print_ready(server, repo, time.monotonic() - started, api, health)
         follower = _Follower(server.log_path) if follow_log else None
         while True:

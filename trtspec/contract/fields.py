@@ -21,6 +21,11 @@ from trtspec.drafters import SELECTIONS
 
 DRAFT_LENGTH_POLICIES = ("fixed", "adaptive")
 
+# The guide types the pinned backends map to TensorRT-LLM's GuidedDecodingParams (the C++ backend's utils.cc
+# getGuidedDecodingParamsFromTensors and the Python backend's model.py, tensorrtllm_backend v0.19.0 = c1e1963).
+# The C++ backend ignores any other value; here it is refused.
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
+
 # Triton data types used here -> numpy
 NUMPY = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "FP16": np.float16, "UINT8": np.uint8,
          "BOOL": np.bool_, "STRING": np.object_}
@@ -170,8 +175,11 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     _refused("lora_task_id", "UINT64", "LoRA adapters"),
     _refused("lora_weights", "FP16", "LoRA adapters", dims=(-1, -1)),
     _refused("lora_config", "INT32", "LoRA adapters", dims=(-1, 3)),
-    _refused("guided_decoding_guide_type", "STRING", "guided decoding"),
-    _refused("guided_decoding_guide", "STRING", "guided decoding"),
+    RequestField("guided_decoding_guide_type", "STRING", f"guided decoding (xgrammar, as TensorRT-LLM): "
+                 f"{', '.join(GUIDE_TYPES)}; the output follows the guide, with speculation exact under it",
+                 loop_input="guided_decoding_guide_type", check=_one_of(GUIDE_TYPES), choices=GUIDE_TYPES),
+    RequestField("guided_decoding_guide", "STRING", "the JSON schema, regular expression or EBNF grammar "
+                 "(none for json)", loop_input="guided_decoding_guide"),
     _refused("image_input", "FP16", "image inputs (multimodal models)", dims=(-1, 3, -1, -1)),
     _refused("image_bytes_input", "UINT8", "image inputs (multimodal models)", dims=(-1, -1, -1, -1)),
     _refused("image_url_input", "STRING", "image inputs (multimodal models)"),
@@ -225,6 +233,9 @@ RESPONSE_STATS: tuple[Stat, ...] = (
     Stat("acceptance_derived", "INT32", "1: the engine reported no acceptance (TensorRT-LLM's PyTorch path before mid-2026) "
          "and trtspec derived it from tokens and target steps (accepted = tokens - steps; proposed = generation steps x "
          "max_draft_len, an upper bound)", counter="spec_decode_num_derived_acceptance_requests"),
+    Stat("guided_without_drafting", "INT32", "1: a guided request on an engine that does not apply the guide to "
+         "drafted tokens (TensorRT-LLM's tensorrtllm backend masks one position per step): it ran without drafting, "
+         "as one engine call (trtspec.guided)", counter="spec_decode_num_guided_undrafted_requests"),
     Stat("accepted_per_position", "INT32", "accepted draft tokens by position in the draft", vector=True,
          counter="spec_decode_num_accepted_tokens_per_pos", label="position"),
     Stat("proposed_per_position", "INT32", "proposed draft tokens by position in the draft", vector=True,

@@ -27,6 +27,7 @@ import yaml
 from trtspec.config import BuildConfig, EngineKind
 from trtspec.k8s import dashboard
 from trtspec.k8s.topology import GPU_PRODUCT_LABEL, GPU_RESOURCE, K8sError, Topology
+from trtspec.openai.auth import API_KEY_ENV
 from trtspec.repository import ENTRY_MODELS
 from trtspec.server import ServerOptions
 from trtspec.server.health import DEFAULT_HEALTH_PORT
@@ -49,6 +50,9 @@ SERVE_OPENAI_FLAG = "--openai-port"
 # `trtspec serve`'s probe endpoint: Triton's own /v2/health/ready stays 200 when a model's process has died
 SERVE_HEALTH_FLAG = "--health-port"
 ADAPTER_VALUES = "prometheus-adapter-values.yaml"
+# the key in the API-key Secret: kubectl create secret generic NAME --from-literal=api-key=...
+API_KEY_SECRET_KEY = "api-key"
+_SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # a DNS subdomain, as Kubernetes names Secrets
 
 Storage = Literal["pvc", "init"]
 
@@ -70,6 +74,7 @@ class K8sOptions:
     pvc: str | None = None  # an existing claim; default: a new one named <name>-models
     pvc_size: str = "500Gi"
     openai_port: int | None = DEFAULT_OPENAI_PORT  # None: no OpenAI port
+    api_key_secret: str | None = None  # a Secret whose api-key protects the OpenAI API; None: the API is open
     min_replicas: int = 1
     max_replicas: int = 4
     target_queue: str = "1"
@@ -148,6 +153,12 @@ def _check(cfg: BuildConfig, opts: K8sOptions, storage: Storage, build_dir: str)
         if port in seen:
             raise K8sError(f"{key}: port {port} is also {seen[port]}; give each endpoint its own port")
         seen[port] = key
+    if opts.api_key_secret is not None:
+        if opts.openai_port is None:
+            raise K8sError("--api-key-secret protects the OpenAI API, which --no-openai leaves out; drop one of them")
+        if not _SECRET_NAME.match(opts.api_key_secret):
+            raise K8sError(f"--api-key-secret: {opts.api_key_secret!r} is not a Secret name (lowercase letters, "
+                           "digits, '-' and '.', starting and ending with a letter or digit)")
     if opts.min_replicas > opts.max_replicas:
         raise K8sError(f"--min-replicas {opts.min_replicas} is above --max-replicas {opts.max_replicas}; raise --max-replicas")
     if not PurePosixPath(opts.models_path).is_absolute():
@@ -210,6 +221,11 @@ def build_bundle(cfg: BuildConfig, topo: Topology, opts: K8sOptions) -> Bundle:
         )
     if SERVE_OPENAI_FLAG not in opts.serve_flags and opts.openai_port is not None:
         notes.append(f"`trtspec serve` here has no {SERVE_OPENAI_FLAG}: the openai port is in the Service but not served")
+    if opts.openai_port is not None and opts.api_key_secret is None:
+        notes.append("the OpenAI API answers anyone who reaches the Service: --api-key-secret NAME protects it")
+    elif opts.api_key_secret is not None:
+        notes.append(f"the pods start once Secret {opts.api_key_secret} exists: kubectl create secret generic "
+                     f"{opts.api_key_secret} --from-literal={API_KEY_SECRET_KEY}=$(openssl rand -hex 32)")
     return Bundle(manifests, topo, notes)
 
 
@@ -291,6 +307,14 @@ class _Builder:
     def env(self) -> list[dict[str, Any]]:
         return [{"name": "TRTSPEC_CACHE", "value": f"{WORK_DIR}/cache"}]  # demo pair, backend stubs: on the emptyDir
 
+    def api_key_env(self) -> list[dict[str, Any]]:
+        """`trtspec serve` reads its API key from the environment, and the environment from the Secret (not
+        optional: a pod without its key would serve the API open, so it does not start)."""
+        if self.opts.api_key_secret is None:
+            return []
+        ref = {"name": self.opts.api_key_secret, "key": API_KEY_SECRET_KEY}
+        return [{"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}]
+
     def probes(self) -> dict[str, Any]:
         # `trtspec serve`'s own endpoint when it has one: not ready while a dead model process is being replaced,
         # not live when the deployment cannot come back (then the pod is restarted)
@@ -314,7 +338,7 @@ class _Builder:
             "command": ["trtspec"],
             "args": self.serve_args(),
             "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in self.ports.items()],
-            "env": self.env(),
+            "env": self.env() + self.api_key_env(),
             **self.probes(),
             "volumeMounts": mounts,
         }
@@ -378,7 +402,7 @@ class _Builder:
             f"exec trtspec {shlex.join(serve_args)}\n"
         )
         leader["command"] = ["/bin/sh", "-c", script]
-        leader["env"] = self.env() + [
+        leader["env"] = leader["env"] + [
             {"name": "OMPI_MCA_plm_rsh_agent", "value": f"{CONFIG_MOUNT}/{RSH_AGENT}"},
             {"name": "OMPI_MCA_orte_default_hostfile", "value": hostfile},
         ]

@@ -11,6 +11,7 @@ from typing import Any
 from trtspec.pipeline.preflight import plan_max_num_tokens
 from trtspec.config import BuildConfig, LlmapiConfig
 from trtspec.checkpoint import default_capture_layers, eagle3_capture_layers, inspect_checkpoint
+from trtspec.llmapi.draft_floor import TWO_MODEL_FIELD, DraftFloorError, Floored, resolve
 from trtspec.llmapi.fields import pinned_version, version_fields
 from trtspec.methods import METHODS
 
@@ -37,6 +38,18 @@ def schedule_for_version(schedule: dict[int, int], keys: str, max_batch_size: in
 def _canonical_schedule(cfg: BuildConfig) -> dict[int, int] | None:
     lim = cfg.llmapi or LlmapiConfig()
     return cfg.speculative.draft_len_schedule or lim.draft_len_schedule
+
+
+def load_controls(cfg: BuildConfig, version: str | None = None) -> Floored:
+    """The draft_len_schedule (trtspec's keys) and max_concurrency written for `cfg` on TensorRT-LLM `version`:
+    as configured, except where a one-engine drafter would stop and silently fail to resume (draft_floor)."""
+    lim = cfg.llmapi or LlmapiConfig()
+    f = version_fields(version)
+    try:
+        return resolve(cfg.speculative.method or "draft_model", f, cfg.speculative.max_draft_len, _canonical_schedule(cfg),
+                       lim.max_concurrency, lim.eagle3_two_model, version or f"{pinned_version()} (pinned)")
+    except DraftFloorError as e:
+        raise ModelYamlError(str(e)) from None
 
 
 def speculative_config(
@@ -72,20 +85,23 @@ def speculative_config(
                     "TensorRT-LLM 1.1 or later"
                 )
             out["eagle3_layers_to_capture"] = layers
-    if lim.max_concurrency is not None:
-        if f["max_concurrency"] is None:
-            raise ModelYamlError(f"llmapi.max_concurrency: TensorRT-LLM {v} has no max_concurrency; remove it or pin 1.1 or later")
-        out[f["max_concurrency"]] = lim.max_concurrency
+    if lim.max_concurrency is not None and f["max_concurrency"] is None:
+        raise ModelYamlError(f"llmapi.max_concurrency: TensorRT-LLM {v} has no max_concurrency; remove it or pin 1.1 or later")
     sched = _canonical_schedule(cfg)
-    if sched is not None:
+    if sched is not None and f["draft_len_schedule"] is None:
+        which = "speculative" if spec.draft_len_schedule is not None else "llmapi"
+        raise ModelYamlError(
+            f"{which}.draft_len_schedule: TensorRT-LLM {v} has no draft_len_schedule; remove it (llmapi.max_concurrency "
+            "turns speculation off above a batch size) or pin 1.2"
+        )
+    floored = load_controls(cfg, version)
+    if floored.two_model:
+        out[TWO_MODEL_FIELD] = False
+    if floored.max_concurrency is not None:
+        out[f["max_concurrency"]] = floored.max_concurrency
+    if floored.schedule is not None:
         rules = f["draft_len_schedule"]
-        if rules is None:
-            which = "speculative" if spec.draft_len_schedule is not None else "llmapi"
-            raise ModelYamlError(
-                f"{which}.draft_len_schedule: TensorRT-LLM {v} has no draft_len_schedule; remove it (llmapi.max_concurrency "
-                "turns speculation off above a batch size) or pin 1.2"
-            )
-        out[rules["field"]] = schedule_for_version(sched, rules["keys"], cfg.limits.max_batch_size)
+        out[rules["field"]] = schedule_for_version(floored.schedule, rules["keys"], cfg.limits.max_batch_size)
     if lim.acceptance_window is not None:
         gate = f["acceptance_gate"]
         if gate is None:

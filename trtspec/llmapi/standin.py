@@ -264,6 +264,7 @@ class LLM:
             speculative=SpeculativeConfig(
                 max_draft_len=max(1, self.max_draft_len),
                 num_draft_tokens=self.max_draft_len,
+                draft_length_policy="fixed",  # TensorRT-LLM drafts max_draft_len (its schedule caps it), no controller
                 method="eagle3" if method == "eagle3" else None,
                 draft_source=self.source or "model",
                 ngram_max=ngram_max,

@@ -26,6 +26,7 @@ from trtspec.metrics import SpecStats
 from trtspec.openai.backend import TritonBackend, TritonStream, unavailable
 from trtspec.openai.protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, OpenAIError, _GenerationRequest
 from trtspec.openai.stop import StopMatcher
+from trtspec.openai.structured import Plan, parse_tool_calls
 from trtspec.server.watchdog import Health
 
 #: how long a request that arrives while the deployment restarts waits for it before it gets a 503
@@ -84,6 +85,20 @@ class _Output:
         return "stop" if self.matcher.stopped or len(self.ids) < self.max_tokens else "length"
 
 
+def finish_reason(out: "_Output", tool_calls: list[dict[str, Any]] | None, structured: Plan) -> str:
+    """OpenAI's: tool_calls where the model chose to call (auto, required); a named call ends as any answer."""
+    called = tool_calls and structured.mode != "named" and out.finish_reason == "stop"
+    return "tool_calls" if called else out.finish_reason
+
+
+def guide_error(e: OpenAIError, structured: Plan) -> OpenAIError:
+    """A guide the deployment could not compile, named as the client sent it (the schema, or the tools)."""
+    if e.status != 400 or not e.message.startswith("guided_decoding_guide"):
+        return e
+    what = e.message.split(": ", 1)[1] if ": " in e.message else e.message
+    return OpenAIError(400, f"{structured.param}: {what}", param=structured.param)
+
+
 def _first_per_text(row: list[tuple[str, float]]) -> dict[str, float]:
     """{text: log prob}, most likely first; of tokens that decode to the same text, the most likely one's."""
     out: dict[str, float] = {}
@@ -116,9 +131,12 @@ class _Reply:
         return {"tokens": tokens, "token_logprobs": log_probs, "top_logprobs": top, "text_offset": offsets}
 
     def choice(self, text: str, ids: list[int] | None, finish_reason: str | None, delta: bool, index: int = 0,
-               logprobs: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+               logprobs: dict[str, Any] | None = None, tool_calls: list[dict[str, Any]] | None = None,
+               **extra: Any) -> dict[str, Any]:
         c: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason, **extra}
-        if self.chat:
+        if self.chat and tool_calls:
+            c["delta" if delta else "message"] = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+        elif self.chat:
             c["delta" if delta else "message"] = {"role": "assistant", "content": text}
         else:
             c["text"] = text
@@ -207,9 +225,13 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
 
     @app.post("/v1/chat/completions", response_model=None, responses=ERROR_RESPONSES)
     async def chat_completions(req: ChatCompletionRequest) -> Any:
-        return await _generate(req, backend.render_chat(req.template_messages()), "messages", chat=True)
+        structured = req.structured()
+        prompt = backend.render_chat(req.template_messages(), structured.tools)
+        return await _generate(req, prompt, "messages", chat=True, structured=structured)
 
-    async def _generate(req: _GenerationRequest, prompt: str, prompt_param: str, chat: bool, echo: str = "") -> Any:
+    async def _generate(req: _GenerationRequest, prompt: str, prompt_param: str, chat: bool, echo: str = "",
+                        structured: Plan | None = None) -> Any:
+        structured = structured or Plan()
         triton_model = deployment.models.get(req.model)
         if triton_model is None:
             raise OpenAIError(404, f"model {req.model!r} does not exist; this server serves "
@@ -236,6 +258,7 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
                 stop_words=list(req.stop or []) or None, draft_source=req.draft_source,
                 draft_length_policy=req.draft_length_policy, min_tokens=req.min_tokens,
                 return_log_probs=True if req.wants_log_probs else None, top_log_probs=req.top_log_probs or None,
+                guided_decoding_guide_type=structured.guide_type, guided_decoding_guide=structured.guide,
             )
             if req.ignore_eos:
                 fields["end_id"] = None
@@ -272,6 +295,9 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
             # the first response of each choice before answering: a request Triton refuses gets its status code,
             # not a broken stream
             firsts = await asyncio.gather(*(anext(d, None) for d in deltas))
+        except OpenAIError as e:
+            await asyncio.gather(*(d.aclose() for d in deltas), return_exceptions=True)
+            raise guide_error(e, structured) from None
         except BaseException:
             await asyncio.gather(*(d.aclose() for d in deltas), return_exceptions=True)
             raise
@@ -284,8 +310,10 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
                 await asyncio.gather(*(drain(d) for d in deltas))
             finally:  # a failed choice ends the others in Triton too
                 await asyncio.gather(*(d.aclose() for d in deltas), return_exceptions=True)
-            choices = [reply.choice(echo + o.text, o.ids, o.finish_reason, delta=False, index=i, **per_choice(i))
-                       for i, o in enumerate(outs)]
+            choices = [reply.choice(echo + o.text, o.ids, finish_reason(o, calls, structured), delta=False, index=i,
+                                    tool_calls=calls, **per_choice(i))
+                       for i, o in enumerate(outs)
+                       for calls in [parse_tool_calls(structured, o.text) if structured.calls_tools else None]]
             return reply.envelope(choices, stream=False, usage=usage(), speculative=speculative())
 
         async def merged() -> AsyncIterator[tuple[int, Any]]:
@@ -327,15 +355,27 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
                 return json.dumps(reply.envelope([reply.choice(text, ids, finish, delta=True, index=i, logprobs=logprobs)],
                                                  stream=True, **extra))
 
+            def tool_chunks(i: int) -> list[str]:
+                """A tool-call choice's output, held back while it was generated: its calls, or its text."""
+                calls = parse_tool_calls(structured, outs[i].text)
+                if calls is None:
+                    return [chunk(i, outs[i].text, [], [])] if outs[i].text else []
+                deltas = [dict(c, index=n) for n, c in enumerate(calls)]
+                return [json.dumps(reply.envelope([reply.choice("", None, None, delta=True, index=i, tool_calls=deltas)],
+                                                  stream=True))]
+
             try:
                 for i, first in enumerate(firsts):
-                    if echo or first is not None:
+                    if (echo or first is not None) and not structured.calls_tools:
                         text, ids, lps, top = first if first is not None else ("", [], [], None)
                         yield chunk(i, text, ids, lps, top, prefix=echo)
                 async for i, item in merged():
                     if item is None:  # the choice's last chunk: why it ended and its acceptance figures
-                        yield chunk(i, "", [], [], None, outs[i].finish_reason, speculative=outs[i].stats)
-                    elif item[0] or item[1]:
+                        calls = parse_tool_calls(structured, outs[i].text) if structured.calls_tools else None
+                        for c in tool_chunks(i) if structured.calls_tools else []:
+                            yield c
+                        yield chunk(i, "", [], [], None, finish_reason(outs[i], calls, structured), speculative=outs[i].stats)
+                    elif (item[0] or item[1]) and not structured.calls_tools:
                         yield chunk(i, *item)
                 if req.include_usage:
                     yield json.dumps(reply.envelope([], stream=True, usage=usage()))

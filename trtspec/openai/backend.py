@@ -24,6 +24,7 @@ from trtspec.loop import PROCESS_DIED, LoopSettings
 from trtspec.openai.protocol import OpenAIError
 from trtspec.repository import BASELINE, BASELINE_LOOP, ENSEMBLE, LOOP, list_models
 from trtspec.text import TextCodec
+from trtspec.openai.structured import Tool, with_tool_prompt
 from trtspec.triton_io import BAD_REQUEST, to_words_list
 
 PREPROCESSING, POSTPROCESSING = "preprocessing", "postprocessing"
@@ -118,12 +119,19 @@ class TritonBackend:
         """What preprocessing does to text_input."""
         return self.tokenizer.encode(text, add_special_tokens=self.deployment.add_special_tokens)
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[Tool] | None = None) -> str:
         """The target's chat template with the assistant's turn opened. Its special tokens (BOS) are in the text,
         and preprocessing adds none of its own unless add_special_tokens is set: then the template's BOS is
-        dropped here so that it is not doubled."""
+        dropped here so that it is not doubled. `tools` are rendered by the template (its `tools` variable), or,
+        where the template has none, described in a system message."""
+        kwargs: dict[str, Any] = {}
+        if tools:
+            if "tools" in (self.tokenizer.chat_template or ""):
+                kwargs["tools"] = [t.model_dump(exclude_none=True) for t in tools]
+            else:
+                messages = with_tool_prompt(messages, tools)
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
         except Exception as e:  # noqa: BLE001 - jinja's TemplateError, or ValueError: no chat template
             raise OpenAIError(400, f"the model's chat template cannot render these messages: {e}",
                               param="messages") from None

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trtspec.contract import MAX_TOP_LOG_PROBS, RequestError, field_by_name
+from trtspec.openai.structured import Plan, PlanError, ResponseFormat, Tool, ToolChoice, plan
 
 
 class OpenAIError(Exception):
@@ -180,8 +181,10 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls, for the chat template
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -196,6 +199,18 @@ class ChatCompletionRequest(_GenerationRequest):
     logprobs: bool = False  # the target's log-probability of each token it emits
     # that many most likely tokens at each emitted token's position, with their log-probabilities
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOG_PROBS)
+    # structured output and tool calls (trtspec.openai.structured): guided decoding, exact under speculation
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    def structured(self) -> Plan:
+        """The guide and how the output is read (raises OpenAIError 400 naming the field)."""
+        try:
+            return plan(self.response_format, self.tools, self.tool_choice, self.parallel_tool_calls)
+        except PlanError as e:
+            raise OpenAIError(400, str(e), param=e.param) from None
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> "ChatCompletionRequest":
@@ -215,6 +230,14 @@ class ChatCompletionRequest(_GenerationRequest):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def template_messages(self) -> list[dict[str, str]]:
+    def template_messages(self) -> list[dict[str, Any]]:
         # "developer" is OpenAI's newer name for the system role; chat templates know "system"
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        out: list[dict[str, Any]] = []
+        for m in self.messages:
+            msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            if m.tool_calls:
+                msg["tool_calls"] = m.tool_calls
+            if m.tool_call_id:
+                msg["tool_call_id"] = m.tool_call_id
+            out.append(msg)
+        return out

@@ -7,8 +7,9 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
+from trtspec.openai.auth import require_api_key
 from trtspec.openai.backend import Deployment, DeploymentError, TritonBackend
 
 if TYPE_CHECKING:
@@ -18,14 +19,18 @@ DEFAULT_PORT = 9000
 
 
 class OpenAIServer:
-    """`with OpenAIServer(repo, triton_grpc_address, port=0) as s: ... s.url ...` (port 0: a free one)."""
+    """`with OpenAIServer(repo, triton_grpc_address, port=0) as s: ... s.url ...` (port 0: a free one).
+    `api_keys`: a request to /v1 needs one of them as its bearer token (none: the API is open)."""
 
     def __init__(self, repo: Path, grpc_url: str, host: str = "0.0.0.0", port: int = DEFAULT_PORT,
-                 name: str | None = None, health: Callable[[], Health] | None = None) -> None:
+                 name: str | None = None, health: Callable[[], Health] | None = None,
+                 api_keys: Sequence[str] = ()) -> None:
         from trtspec.openai.app import create_app
 
         self.deployment = Deployment.from_repository(repo, name)
         self.app = create_app(TritonBackend(self.deployment, grpc_url), health)
+        require_api_key(self.app, api_keys)
+        self.protected = any(api_keys)
         self.host, self.port = host, port
         self._server: object | None = None
         self._thread: threading.Thread | None = None

@@ -575,7 +575,7 @@ def make_plan(
 
 def _llmapi_yamls(plan: Plan, kv_fraction: float | None) -> dict[str, Any]:
     """The generated model.yaml per endpoint, or the reason it cannot be generated (a preflight error)."""
-    from trtspec.llmapi.model_yaml import ModelYamlError, validate_installed
+    from trtspec.llmapi.model_yaml import ModelYamlError, load_controls, validate_installed
     from trtspec.llmapi.repository import model_yamls
 
     try:
@@ -587,6 +587,8 @@ def _llmapi_yamls(plan: Plan, kv_fraction: float | None) -> dict[str, Any]:
         return {}
     how = f"the installed TensorRT-LLM {installed.pop()}'s own classes" if installed else "the recorded llm_args.py layout"
     plan.preflight.notes.append(f"model.yaml checked against {how}")
+    # what a one-engine drafter's draft length of 0 became, and why (trtspec.llmapi.draft_floor)
+    plan.preflight.notes += [f"draft length 0: {n}" for n in load_controls(plan.cfg, plan.trtllm_version).notes]
     return docs
 
 

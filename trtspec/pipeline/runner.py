@@ -305,6 +305,7 @@ class Runner:
             returned = generate_repository(
                 cfg,
                 stage,
+                final_dir=final,  # the staging dir is renamed to it: files inside are named by their final path
                 target_engine_dir=plan.engine_dir("target") if trt else None,
                 # llmapi: the draft checkpoint model.yaml names (the FP8 export when quantized)
                 draft_engine_dir=plan.engine_dir("draft") if trt and plan.cfg.draft is not None else plan.llmapi_draft_dir,

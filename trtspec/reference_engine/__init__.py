@@ -31,18 +31,10 @@ backend's tensors in and out), device (device, precision, CPU tuning), draft_voc
 vocabulary), limits (the step against the machine's weight-streaming limit: trtspec bench-engine).
 """
 
-from trtspec.reference_engine.device import _DTYPES, Precision, choose_precision, cpu_flags, pick_device, tune_for_cpu
+from trtspec.reference_engine.device import Precision, choose_precision, cpu_flags, pick_device, tune_for_cpu
 from trtspec.reference_engine.draft_vocab import DRAFT_VOCAB_FILE, draft_head, load_draft_vocab
 from trtspec.reference_engine.engine import ReferenceEngine
-from trtspec.reference_engine.prefix_cache import (
-    PrefixCache,
-    _common_prefix,
-    _DeferredTrim,
-    _malloc_trim,
-    cache_nbytes,
-    release_memory,
-    share_prefix,
-)
+from trtspec.reference_engine.prefix_cache import PrefixCache, cache_nbytes, release_memory, share_prefix
 from trtspec.reference_engine.request import TOKENS_PER_BLOCK, EngineRequest, EngineResult, Steps
 from trtspec.reference_engine.tensor_io import (
     DEFAULTS,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import typing
 import warnings
 from dataclasses import dataclass
@@ -13,6 +13,8 @@ import torch
 
 from trtspec.config import LinearKernels
 from trtspec.reference_engine import compiled_linear, packed_linear
+
+log = logging.getLogger("trtspec.reference_engine")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -50,22 +52,23 @@ CPU_THREADS_PER_ENGINE = 1
 # The kernels of the float32 decoder Linear layers on CPU with one torch thread (tune_for_cpu), and of a plain LM
 # head (engine.lm_head_product follows the decoder's choice):
 #   "mkl+onednn": a 1-row product (decode) on MKL, more rows (verify, batch) on oneDNN-packed weights
-#                 (packed_linear: 11-15% cheaper at 4-8 rows; the decoder's weights are held twice);
+#                 (packed_linear: cheaper at a few rows; the decoder's weights are held twice);
 #   "onednn":     every product on oneDNN: a row's product is bitwise the same for any row count, but a decode
-#                 step is 18% slower (AVX2 Zen 3, docs/benchmarks/engine.md);
+#                 step is slower;
 #   "mkl":        nn.Linear (MKL) with column-major weights, the engine before packing;
 #   "compiled":   every product, LM head included, on GEMM kernels Inductor's CPP template generated for this
-#                 CPU ahead of time (compiled_linear: 5-26% cheaper at 1-16 rows, 10% dearer at 64; a row's
+#                 CPU ahead of time (compiled_linear: cheaper at the few rows a step has, dearer at many; a row's
 #                 product bitwise the same at any row count; the weights held once). Where the kernels are
 #                 missing or stale the engine says so and uses "mkl+onednn".
+# Each choice's cost on a measured CPU: docs/benchmarks/engine.md; on this one: trtspec bench-engine --linear-kernels.
 LINEAR_KERNELS = os.environ.get("TRTSPEC_LINEAR_KERNELS", "mkl+onednn")
 KERNEL_CHOICES = tuple(k for k in typing.get_args(LinearKernels) if k != "auto")  # one list: the config's
 
 # On compiled kernels, whether a verify's query rows attend one at a time (ragged.RaggedBatch.row_invariant), the
 # one step left whose sums depend on the row count: then a position's logits are bitwise the same in a decode, a
-# verify and a batch (ReferenceEngine.batch_invariant), for ~10% more per verify (AVX2 Zen 3, demo target: verify
-# of 4 drafts 1.22x a step in one call, 1.42x row by row; docs/benchmarks/engine.md). Greedy tokens are the same
-# either way (tests/test_engine_exactness.py), so the faster one is the default.
+# verify and a batch (ReferenceEngine.batch_invariant), at some cost per verify (its rows' attention runs one call
+# each instead of one for all; docs/benchmarks/engine.md). Greedy tokens are the same either way
+# (tests/test_engine_exactness.py), so the faster one is the default.
 BATCH_INVARIANT_ATTENTION = os.environ.get("TRTSPEC_BATCH_INVARIANT", "0") == "1"
 
 
@@ -129,9 +132,8 @@ def choose_precision(requested: str, device: str, flags: frozenset[str] | None =
 
 def tune_for_cpu(model: torch.nn.Module, linear_kernels: str = "auto", kernel_dir: str | Path | None = None,
                  label: str = "") -> dict | None:
-    """Make verifying k + 1 tokens on CPU cheaper (demo target, 1 thread, interleaved runs: a verify of
-    4 draft tokens went from 1.76x to 1.53x a 1-token step at 200 tokens of context, 1.94x to 1.63x at
-    1,024; the 1-token step itself unchanged).
+    """Make verifying k + 1 tokens on CPU cheaper, relative to a 1-token step, without making that step dearer
+    (what each measure gained: docs/benchmarks/engine.md).
 
     * grouped-query attention inside SDPA: with more than one query row transformers passes a mask,
       and then (unless forced) expands K and V to every head — a copy of the whole KV cache per layer
@@ -149,8 +151,8 @@ def tune_for_cpu(model: torch.nn.Module, linear_kernels: str = "auto", kernel_di
     choice = LINEAR_KERNELS if linear_kernels == "auto" else linear_kernels
     if torch.get_num_threads() != 1:
         if choice == "compiled":
-            print(f"trtspec reference engine: {label}compiled GEMM kernels not used ({torch.get_num_threads()} torch "
-                  "threads; they are generated for one, the served setting)", file=sys.stderr, flush=True)
+            log.warning("%scompiled GEMM kernels not used (%d torch threads; they are generated for one, the served "
+                        "setting)", label, torch.get_num_threads())
         return None
     if choice not in KERNEL_CHOICES:
         where = f"TRTSPEC_LINEAR_KERNELS={choice!r}" if linear_kernels == "auto" else f"linear_kernels: {choice!r}"
@@ -160,15 +162,14 @@ def tune_for_cpu(model: torch.nn.Module, linear_kernels: str = "auto", kernel_di
         kernel_dir = kernel_dir if kernel_dir is not None else compiled_linear.cache_dir()
         kernels, why = compiled_linear.usable_kernels(model, kernel_dir)
         if kernels is None:
-            print(f"trtspec reference engine: {label}compiled GEMM kernels not used ({why}): mkl+onednn instead", file=sys.stderr, flush=True)
+            log.warning("%scompiled GEMM kernels not used (%s): mkl+onednn instead", label, why)
             choice = "mkl+onednn"
         else:
             try:
                 n = compiled_linear.replace_linears(model, kernels)
-                print(f"trtspec reference engine: {label}{n} Linear layers on compiled GEMM kernels from {kernel_dir}", file=sys.stderr, flush=True)
+                log.info("%s%d Linear layers on compiled GEMM kernels from %s", label, n, kernel_dir)
             except (AttributeError, RuntimeError, OSError, ValueError) as e:  # AOTInductor's runner is torch-internal API
-                print(f"trtspec reference engine: {label}compiled GEMM kernels not used (they did not load: {e}): "
-                      "mkl+onednn instead", file=sys.stderr, flush=True)
+                log.warning("%scompiled GEMM kernels not used (they did not load: %s): mkl+onednn instead", label, e)
                 kernels, choice = None, "mkl+onednn"
     if choice in ("mkl+onednn", "onednn") and packed_linear.available():
         packed_linear.pack_linears(model, gemv=choice == "mkl+onednn")
@@ -214,7 +215,7 @@ def describe_linear_kernels(requested: str, checkpoint: str | Path, kernel_dir: 
     if not lacking:
         invariant = ("batch-invariant (TRTSPEC_BATCH_INVARIANT=1): a position's logits bitwise the same in a decode, "
                      "a verify and a batch") if BATCH_INVARIANT_ATTENTION else \
-            "products batch-invariant, attention not (TRTSPEC_BATCH_INVARIANT=1 makes it so, ~10% more per verify)"
+            "products batch-invariant, attention not (TRTSPEC_BATCH_INVARIANT=1 makes it so, at some cost per verify)"
         return f"compiled ({why}): all {len(shapes)} kernels in {kernel_dir}; {invariant}"
     reuse = sum((o, i) in cached for o, i in shapes)
     return (f"compiled ({why}): {kernel_dir} lacks {', '.join(lacking)}; `trtspec build` compiles them "

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -334,28 +335,58 @@ class HeadStore:
         return len(self._entries)
 
 
+@dataclass
+class HeadWork:
+    """What the head has done in this engine, counted (the engine's statistics; a k = 0 stretch adds nothing)."""
+
+    captured_rows: int = 0  # target rows whose capture-layer outputs were kept
+    extended_positions: int = 0  # entries appended to head KV caches from the target's features
+    drafted_tokens: int = 0  # tokens the head proposed
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
 class InEngineDrafter:
-    """An EAGLE-3 head drafting inside the target engine, as TensorRT-LLM's one-model path: forward hooks on the
-    capture layers keep their outputs for the rows the target computes; after a request's step the head extends
-    its own KV cache over the newly committed positions and drafts k tokens for the next call."""
+    """An EAGLE-3 head drafting inside the target engine, as TensorRT-LLM's one-model path: during a forward that
+    asks for it (`capturing`), forward hooks on the capture layers keep their outputs for the rows the target
+    computes; after a request's step the head extends its own KV cache over the newly committed positions and
+    drafts k tokens for the next call.
+
+    A call that asks for no draft does no head work at all: no hooks are attached to its forward (unless a
+    request batched with it asks for features) and its head cache is not extended. The next call that asks
+    for a draft finds the head behind: the engine recomputes the target from the head's length on (prefix
+    reuse capped there), and the head catches up on all those positions in one batched extension."""
 
     def __init__(self, checkpoint: str | Path, target: nn.Module, cache_entries: int):
         self.head, self.layers = load_head(checkpoint, target)
         self.store = HeadStore(cache_entries)
+        self.work = HeadWork()
         self._out: dict[int, torch.Tensor] = {}
-        layers = target.base_model.layers
-        for i in self.layers:
-            layers[i].register_forward_hook(self._hook(i))
+        self._modules = [target.base_model.layers[i] for i in self.layers]
 
     def _hook(self, i: int):
         def hook(_mod, _inp, out):
             self._out[i] = out[0] if isinstance(out, tuple) else out
         return hook
 
-    def features(self) -> torch.Tensor:
-        """The last forward's captured outputs, [T, n_layers * H] for its packed rows."""
-        feats = torch.cat([self._out[i][0] for i in self.layers], dim=-1)
+    @contextmanager
+    def capturing(self) -> Iterator[None]:
+        """Hooks on the capture layers for one forward, removed after it (a forward without them runs exactly
+        the target's own modules)."""
+        handles = [m.register_forward_hook(self._hook(i)) for i, m in zip(self.layers, self._modules)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def features(self, rows: list[tuple[int, int]]) -> list[torch.Tensor]:
+        """The last forward's captured outputs for the packed row ranges `rows`, each [e - s, n_layers * H]."""
+        out = [self._out[i][0] for i in self.layers]
         self._out.clear()
+        feats = [torch.cat([o[s:e] for o in out], dim=-1) for s, e in rows]
+        self.work.captured_rows += sum(e - s for s, e in rows)
         return feats
 
     def begin(self, tokens: Sequence[int]) -> HeadState:
@@ -370,6 +401,8 @@ class InEngineDrafter:
         if state.length != start or n - 1 - start < 1 or feats.shape[0] < n - 1 - start:
             return []
         last = self.head.extend(state, tokens[start + 1 : n], feats[: n - 1 - start])
+        self.work.extended_positions += n - 1 - start
         drafts = self.head.draft(state, last, k) if k > 0 else []
+        self.work.drafted_tokens += len(drafts)
         self.store.put(tokens, state)
         return drafts

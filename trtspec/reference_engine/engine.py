@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import sys
+import logging
 import time
 import warnings
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from trtspec.guided import EngineGuide, GuideCache, guide_masks
 from trtspec.ragged import ATTENTION, RaggedBatch, Segment, register as register_attention
 from trtspec.reference_engine import device as device_settings
 from trtspec.reference_engine.device import _DTYPES, choose_precision, pick_device, tune_for_cpu
@@ -33,22 +35,23 @@ from trtspec.speculative import (
     verify_rejection,
 )
 
+log = logging.getLogger("trtspec.reference_engine")
+
 
 def lm_head_product(model: torch.nn.Module, kernels: dict | None = None) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """hidden rows [n, hidden] -> logits [n, vocab] for all of a step's rows at once, where the LM head is a plain
     linear map (no bias, softcapping or logit scaling); None: the model's own head does it.
 
-    The head (49,152 x 576 for the demo target, tied to the embedding) is the largest single product of a step,
-    and how it is stored decides what a verify or a batch costs (AVX2 Zen 3, 1 thread, docs/benchmarks/engine.md):
-    * column-major (tune_for_cpu, one torch thread): MKL's 1-row product reads it at ~2x the row-major speed
-      (5.3 against 9.6 ms), but 5 rows cost 35 ms (6.7x). So the decoder's kernel choice applies to the head too:
-      PackedLinear keeps the 1-row product on this weight and gives 2+ rows oneDNN's packed copy (11.8 ms at
-      5 rows; +113 MB for the demo target);
+    The head (vocabulary x hidden, often tied to the embedding) is the largest single product of a step, and how
+    it is stored decides what a verify or a batch costs (figures: docs/benchmarks/engine.md):
+    * column-major (tune_for_cpu, one torch thread): MKL's 1-row product reads it fastest, but its few-row
+      products are many times dearer than one row. So the decoder's kernel choice applies to the head too:
+      PackedLinear keeps the 1-row product on this weight and gives 2+ rows oneDNN's packed copy (a second copy
+      of the head in memory);
     * row-major (as loaded, more threads): head @ hidden^T, which MKL streams once for all the rows (the usual
       hidden @ head^T packs the whole head for every multi-row call);
     * with compiled kernels (device.LINEAR_KERNELS "compiled"): the head's own compiled kernel at every row
-      count (+113 MB, its blocked copy; a 1-row product ~1 ms dearer than MKL's, 2+ rows cheaper than
-      oneDNN's, and a row's logits bitwise the same at any row count)."""
+      count (its blocked copy in memory; a row's logits bitwise the same at any row count)."""
     head = model.get_output_embeddings()
     config = model.config
     plain = isinstance(head, torch.nn.Linear) and head.bias is None and not any(
@@ -82,6 +85,7 @@ class ReferenceEngine:
         eagle3_head: str | Path | None = None,
         linear_kernels: str = "auto",
         kernel_dir: str | Path | None = None,
+        xgrammar_tokenizer_info: str | Path | None = None,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -89,7 +93,7 @@ class ReferenceEngine:
         self.precision = choose_precision(dtype, self.device)
         if self.precision.warning:
             warnings.warn(f"{checkpoint}: {self.precision.warning}", stacklevel=2)
-        print(f"trtspec reference engine: {checkpoint}: {self.precision.dtype} on {self.device} ({self.precision.reason})", file=sys.stderr, flush=True)
+        log.info("%s: %s on %s (%s)", checkpoint, self.precision.dtype, self.device, self.precision.reason)
         self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=_DTYPES[self.precision.dtype]).to(self.device)
         self.model.eval()
         register_attention()
@@ -115,6 +119,8 @@ class ReferenceEngine:
         if cache_bytes is None and cache_tokens:  # a budget in tokens: this model's KV bytes per token decide
             cache_bytes = cache_tokens * self.kv_bytes_per_token()
         self.cache = PrefixCache(cache_entries, cache_bytes)
+        # guided decoding as TensorRT-LLM's engine with guided_decoding_backend xgrammar (trtspec.guided)
+        self.guides = GuideCache(xgrammar_tokenizer_info, self.vocab_size) if xgrammar_tokenizer_info else None
         self.salt = salt  # decorrelates the random streams of the draft and the target under one seed
 
     def kv_bytes_per_token(self) -> int:
@@ -125,17 +131,18 @@ class ReferenceEngine:
 
     # ------------------------------------------------------------------ forward with prefix reuse
 
-    def _open(self, tokens: list[int], need_logits: int = 1, max_reuse: int | None = None) -> tuple[Segment, int]:
+    def _open(self, tokens: list[int], need_logits: int = 1, max_reuse: int | None = None,
+              capture: bool = False) -> tuple[Segment, int]:
         """The segment that computes what `tokens` adds to its longest cached prefix (the cache taken out of
         the prefix cache), and how many tokens the cache served (at most `max_reuse`: the EAGLE-3 head needs the
-        features of every position its own cache lacks)."""
+        features of every position its own cache lacks; `capture`: keep those features)."""
         cache, reuse = self.cache.take(tokens)
         reuse = min(reuse, len(tokens) - need_logits, len(tokens) if max_reuse is None else max_reuse)
         if cache is None or reuse == 0:
             cache, reuse = new_cache(self.model.config), 0
         elif cache.get_seq_length() > reuse:
             cache.crop(reuse - cache.get_seq_length())  # negative: drop that many (transformers 4.x and 5.x)
-        return Segment(cache, list(tokens[reuse:]), reuse, need_logits), reuse
+        return Segment(cache, list(tokens[reuse:]), reuse, need_logits, capture=capture), reuse
 
     def forward(self, segments: list[Segment]) -> None:
         """One forward pass over all segments; sets each one's logits (raw, float32) and extends its cache.
@@ -143,7 +150,9 @@ class ReferenceEngine:
         would cost as much as the prefill itself."""
         batch = RaggedBatch(segments, row_invariant=self.batch_invariant)
         ids, pos, rows = batch.inputs(self.device)
-        with torch.inference_mode():
+        # the head's capture hooks only on a forward where some segment wants its features
+        capture = self.eagle3 is not None and any(seg.capture for seg in segments)
+        with torch.inference_mode(), self.eagle3.capturing() if capture else contextlib.nullcontext():
             if self.draft_vocab is None and self._head is not None:
                 out = self.model.base_model(input_ids=ids, position_ids=pos, use_cache=False, **batch.kwargs())
                 logits = self._head(out.last_hidden_state[0, rows]).float().contiguous()
@@ -156,10 +165,10 @@ class ReferenceEngine:
                 logits = torch.full((len(rows), self.vocab_size), float("-inf"), device=scores.device)
                 logits[:, self.draft_vocab] = scores
         batch.split_logits(logits)
-        if self.eagle3 is not None:
-            feats = self.eagle3.features()
-            for seg, (s, e) in zip(segments, batch.bounds):
-                seg.features = feats[s:e]
+        if capture:
+            wanted = [(seg, bounds) for seg, bounds in zip(segments, batch.bounds) if seg.capture]
+            for (seg, _), feats in zip(wanted, self.eagle3.features([b for _, b in wanted])):
+                seg.features = feats
 
     def _rng(self, req: EngineRequest) -> np.random.Generator:
         kind = 1 if req.draft_ids else 0
@@ -231,11 +240,16 @@ class ReferenceEngine:
         if req.next_draft_len and self.eagle3 is None:
             raise ValueError("next_draft_len: this engine has no EAGLE-3 head to draft with (deploy with "
                              "speculative.method: eagle3); leave next_draft_len out")
+        if req.guide is not None and self.guides is None:
+            raise ValueError("guided_decoding_guide_type: this engine was deployed without guided_decoding_backend "
+                             "xgrammar (and xgrammar_tokenizer_info_path); leave the guide out")
+        # the guide is compiled and replayed over the output in input_ids here: a bad one fails before any step
+        guide = None if req.guide is None else EngineGuide(self.guides, req.guide, req.input_ids, req.guide_start)
         if req.draft_ids:
-            return self._verify(req)
-        return self._generate(req)
+            return self._verify(req, guide)
+        return self._generate(req, guide)
 
-    def _generate(self, req: EngineRequest) -> Steps:
+    def _generate(self, req: EngineRequest, guide: EngineGuide | None = None) -> Steps:
         rng = self._rng(req)
         n_in = len(req.input_ids)
         tokens = list(req.input_ids)
@@ -248,7 +262,8 @@ class ReferenceEngine:
         ended = False
         for step in range(req.output_len):
             need = n_in if step == 0 and req.return_context_logits else 1
-            segment, reuse = self._open(tokens, need, head.length if head is not None and step == 0 else None)
+            segment, reuse = self._open(tokens, need, head.length if head is not None and step == 0 else None,
+                                        capture=head is not None)
             yield segment
             feats.add(segment)
             logits, cache, n_computed = segment.logits, segment.cache, len(segment.tokens)
@@ -262,12 +277,16 @@ class ReferenceEngine:
             if req.return_generation_logits:
                 logits_rows.append(raw)
             row = self._process(raw, tokens, req, step)
+            if guide is not None:  # the bitmask, before sampling
+                row = guide.mask(row)
             t = int(row.argmax()) if sampling.greedy else sample(probabilities(row, sampling), rng)
             result.last_token_ns = time.monotonic_ns()
             result.first_token_ns = result.first_token_ns or result.last_token_ns
             if req.end_id is not None and t == req.end_id:
                 ended = True
                 break  # the end token is not output and not counted
+            if guide is not None:
+                guide.accept(t)
             tokens.append(t)
             if req.return_log_probs:  # a softmax over the vocabulary: only when asked
                 log_probs.append(self._log_prob(row, t))
@@ -281,18 +300,22 @@ class ReferenceEngine:
             result.next_draft_ids = self.eagle3.finish(head, tokens, feats.start, feats.rows, req.next_draft_len)
         return result
 
-    def _verify(self, req: EngineRequest) -> Steps:
+    def _verify(self, req: EngineRequest, guide: EngineGuide | None = None) -> Steps:
         seq, draft = list(req.input_ids), [int(t) for t in req.draft_ids or []]
         k = len(draft)
         need = len(seq) + k if req.return_context_logits else k + 1
         head = self.eagle3.begin(seq) if req.next_draft_len else None
-        segment, reuse = self._open(seq + draft, need, None if head is None else head.length)
+        segment, reuse = self._open(seq + draft, need, None if head is None else head.length, capture=head is not None)
         yield segment
         logits, n_computed = segment.logits, len(segment.tokens)
         self.cache.put(seq + draft, segment.cache, committed=len(seq))
         all_rows = logits.cpu().numpy()
         raw = all_rows[-(k + 1) :]
         rows = np.stack([self._process(raw[i], seq + draft[:i], req, i) for i in range(k + 1)])
+        # under a guide every position is masked by the grammar's state after the draft tokens before it
+        masks = [] if guide is None else guide_masks(guide, draft)
+        for i, allowed in enumerate(masks):
+            rows[i, ~allowed] = -np.inf
         sampling = self._sampling(req)
         if sampling.greedy:
             v = verify_greedy(draft, rows.argmax(axis=-1).tolist())
@@ -300,7 +323,10 @@ class ReferenceEngine:
             rng = self._rng(req)
             p = probabilities(rows, sampling)
             if req.draft_logits is not None and len(req.draft_logits) >= k:
-                q = probabilities(np.asarray(req.draft_logits[-k:], dtype=np.float64), req.sampling)
+                q_logits = np.array(req.draft_logits[-k:], dtype=np.float64)
+                for i, allowed in enumerate(masks[:k]):  # the draft sampled from its masked distribution
+                    q_logits[i, ~allowed] = -np.inf
+                q = probabilities(q_logits, req.sampling)
                 v = verify_rejection(draft, q, p, rng)
             else:
                 v = verify_by_target_sample(draft, p, rng)

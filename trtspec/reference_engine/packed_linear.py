@@ -1,11 +1,11 @@
 """Linear layers whose weights oneDNN has packed once, at load, for the few-row products of a verify or a batch
 (CPU, float32; device.LINEAR_KERNELS chooses).
 
-Measured on an AVX2 Zen 3, one thread, demo target (docs/benchmarks/engine.md): oneDNN's packed products of 4
-and 8 rows take 11-15% less time than MKL's (nn.Linear), and a product's row is bitwise the same whether it is
-computed alone or among 2 .. 300 rows (MKL's sgemm switches kernels with the row count); but oneDNN's 1-row
-product reads the weights 18% slower than MKL's GEMV. So by default a 1-row product (a decode step) stays on MKL,
-with its own column-major copy of the weight: the decoder's weights are held twice."""
+oneDNN's packed products of a few rows are cheaper than MKL's (nn.Linear), and a product's row is bitwise the same
+whether it is computed alone or among many rows (MKL's sgemm switches kernels with the row count); but oneDNN's
+1-row product reads the weights slower than MKL's GEMV (figures: docs/benchmarks/engine.md). So by default a 1-row
+product (a decode step) stays on MKL, with its own column-major copy of the weight: the decoder's weights are held
+twice."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ def release_memory() -> None:
 
 class _DeferredTrim:
     """Runs `action` (`release_memory`) once, `delay_s` after the first request since the last run. malloc_trim walks the
-    whole heap (measured: 15 ms median, 77 ms max, on a fragmented 0.5 GB heap), too slow for every eviction
+    whole heap (on a large fragmented heap, a sizeable part of a decode step: docs/benchmarks/engine.md), too slow for every eviction
     of a full cache; deferred, it runs at most once per `delay_s` and always within `delay_s` of the last
     eviction, also when no request follows (the end of a burst)."""
 

@@ -10,6 +10,7 @@ import numpy as np
 from trtspec.speculative import SamplingParams
 
 if TYPE_CHECKING:
+    from trtspec.guided import Guide
     from trtspec.ragged import Segment
 
 # What ReferenceEngine.steps returns: yields the segment each step computes, returns the result.
@@ -39,6 +40,8 @@ class EngineRequest:
     return_context_logits: bool = False
     return_log_probs: bool = False
     next_draft_len: int = 0  # EAGLE-3 in the engine: draft this many tokens for the next call (next_draft_ids)
+    guide: "Guide | None" = None  # guided decoding (trtspec.guided)
+    guide_start: int | None = None  # where the guided output starts in input_ids (None: after it, as TensorRT-LLM)
 
 
 @dataclass

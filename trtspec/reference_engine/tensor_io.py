@@ -7,6 +7,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from trtspec.contract.fields import RequestError
+from trtspec.guided import guide_from_tensors
 from trtspec.reference_engine.request import EngineRequest, EngineResult
 from trtspec.speculative import SamplingParams
 
@@ -25,7 +27,6 @@ UNSUPPORTED_INPUTS: dict[str, str] = {
         "encoder-decoder / multimodal inputs",
     ),
     **dict.fromkeys(("mrope_rotary_cos_sin", "mrope_position_deltas"), "multimodal rotary embeddings"),
-    **dict.fromkeys(("guided_decoding_guide_type", "guided_decoding_guide"), "guided decoding"),
     **dict.fromkeys(
         ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size"), "lookahead decoding"
     ),
@@ -99,6 +100,10 @@ def request_from_tensors(get: TensorGetter, max_input_len: int | None = None) ->
     draft_logits = get("draft_logits")
     if draft_logits is not None:
         draft_logits = draft_logits.reshape(-1, draft_logits.shape[-1])
+    try:
+        guide, guide_start = guide_from_tensors(get)
+    except RequestError as e:
+        raise RequestTensorError(str(e)) from None
     bias = get("embedding_bias")
     top_p = float(scalar("runtime_top_p", 0.0))
     return EngineRequest(
@@ -125,6 +130,8 @@ def request_from_tensors(get: TensorGetter, max_input_len: int | None = None) ->
         return_generation_logits=bool(scalar("return_generation_logits", False)),
         return_context_logits=bool(scalar("return_context_logits", False)),
         return_log_probs=bool(scalar("return_log_probs", False)),
+        guide=guide,
+        guide_start=guide_start,
     )
 
 

@@ -54,7 +54,7 @@ class CalleeProcesses:
 
     def pids(self, model: str) -> frozenset[int]:
         """The model's processes: looked up on the first call, and again once one of them is gone (a reload);
-        checked at most every poll_s (a check reads /proc: ~0.1 ms a process)."""
+        checked at most every poll_s (a check reads /proc: cheap beside an engine call)."""
         pids, now = self._pids.get(model), time.monotonic()
         if pids is not None and (model not in self._stubs or now - self._checked.get(model, 0.0) < self.poll_s):
             return pids

@@ -12,6 +12,7 @@ import time
 import triton_python_backend_utils as pb_utils
 
 # importing trtspec sets OMP_WAIT_POLICY=PASSIVE before torch loads (see trtspec/__init__.py)
+from trtspec import log_to_stderr
 from trtspec import triton_io as io
 from trtspec.batching import BatchScheduler, QueueFull
 from trtspec.metrics import EngineGauges
@@ -25,6 +26,7 @@ class TritonPythonModel:
     So a request joins the running batch at the next step, whoever sent it, as on TensorRT-LLM's executor."""
 
     def initialize(self, args):
+        log_to_stderr()  # into the server log
         params = io.model_parameters(args)
         threads = int(os.environ.get("TRTSPEC_TORCH_THREADS", "0"))
         if threads > 0:  # several servers or models sharing few cores: oversubscribed OpenMP is very slow
@@ -45,15 +47,25 @@ class TritonPythonModel:
             eagle3_head=params.get("eagle3_head") or None,
             linear_kernels=params.get("linear_kernels", "auto"),
             kernel_dir=params.get("kernel_dir") or None,
+            # NVIDIA's tensorrt_llm parameters for guided decoding (trtspec.guided)
+            xgrammar_tokenizer_info=params.get("xgrammar_tokenizer_info_path") or None
+            if params.get("guided_decoding_backend") == "xgrammar" else None,
         )
-        self.gauges = EngineGauges(pb_utils, args["model_name"])
+        head = engine.eagle3.work if engine.eagle3 is not None else None
+        self.gauges = EngineGauges(pb_utils, args["model_name"], head_work=list(head.as_dict()) if head else ())
+
+        def on_forward(ns):  # before the step's finished requests are answered: their head work is counted
+            self.gauges.busy(ns)
+            if head is not None:
+                self.gauges.head_work(head.as_dict())
+
         self.scheduler = BatchScheduler(
             engine,
             max_batch_size=int(params.get("max_batch_size", "8")),
             max_num_tokens=int(params.get("max_num_tokens", "2048")),
             max_queue_size=int(params.get("max_queue_size", "0")),
             on_step=self.gauges.update,
-            on_forward=self.gauges.busy,
+            on_forward=on_forward,
         )
 
     def execute(self, requests):

@@ -1,0 +1,147 @@
+"""The controller against GPU cost structures (trtspec simulate): the loop's own planner, N requests in flight.
+
+The matrix below is the never-slower bar on a GPU: in every cell the controller is at least 0.98x target-only and
+0.95x the best fixed k in hindsight. It runs the planner the loop runs (trtspec.planner), in seconds, no server."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from trtspec.bench.costs import GpuCosts, Shape
+from trtspec.bench.simulate import PROFILES, Policy, constant, run_matrix, simulate
+from trtspec.config import AdaptivePolicy
+from trtspec.controller import Estimates, GoodputController
+
+H100 = GpuCosts("h100", Shape.known("llama-3.1-8b"), Shape.known("llama-3.2-1b"))
+
+# (concurrency, profile) -> (the least vs target-only, the least vs the best fixed k); the issue's bars
+BARS = (0.98, 0.95)
+CONCURRENCY = (1, 4, 16, 64, 256)
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    profiles = ("strong", "medium", "weak", "drop")
+    # at 256 in flight every fixed k loses to target-only (k = 1 least): fewer of them there keeps this a minute
+    return (run_matrix(H100, CONCURRENCY[:-1], profiles, (1, 2, 3), 4, requests=48, max_tokens=96)
+            + run_matrix(H100, CONCURRENCY[-1:], profiles, (1,), 4, requests=48, max_tokens=96))
+
+
+def test_the_controller_holds_on_a_gpus_cost_structure_in_every_cell(matrix):
+    cells = matrix
+    misses = []
+    for cell in cells:
+        vs_base, vs_best = cell.ratios("controller, k <= 4")
+        if vs_base < BARS[0] or vs_best < BARS[1]:
+            misses.append(f"c={cell.concurrency} {cell.profile}: {vs_base:.2f}x target-only, {vs_best:.2f}x the best "
+                          f"fixed k ({cell.best_fixed()[0]})")
+    assert not misses, "\n".join(misses)
+
+
+def test_drafting_pays_where_a_fixed_k_does_and_stops_where_none_does(matrix):
+    # the cells are not trivially met by never drafting: where a fixed k beats target-only by far, the controller
+    # drafts and gains most of it; at 256 in flight, where every fixed k loses, it does not draft
+    cells = matrix
+    by = {(c.concurrency, c.profile): c for c in cells}
+    strong16 = by[("16", PROFILES["strong"].name)]
+    assert strong16.best_fixed()[1] / strong16.baseline > 1.3
+    assert strong16.ratios("controller, k <= 4")[0] > 1.25
+    busy = by[("256", PROFILES["strong"].name)]
+    assert busy.best_fixed()[0] == "target-only"
+    ctl = busy.results["controller, k <= 4"]
+    assert ctl.drafted / ctl.iterations < 0.1
+
+
+def test_a_draft_call_is_priced_as_shared_by_the_batch_drafting_together():
+    ctl = GoodputController(Estimates(), AdaptivePolicy())
+    for _ in range(10):
+        ctl.record(1, None, 0, 0, 0.0070)
+        ctl.record(8, None, 0, 0, 0.0071)  # a memory-bound step: 8 rows cost what 1 does
+        ctl.record(1, "model", 2, 1, 0.0072, draft_s=0.0034)  # one request drafting alone: a whole draft call
+    alone, shared = ctl.draft_cost("model", 2, 1), ctl.draft_cost("model", 2, 8)
+    assert alone == pytest.approx(0.0034)
+    # at 8 in flight the draft engine runs the 8 requests' calls as one: each pays an eighth (scaled as the
+    # target's step is from 1 to 8 in flight)
+    assert shared == pytest.approx(0.0034 * 0.0071 / 0.0070 / 8)
+
+
+def test_a_draft_calls_catch_up_is_told_apart_from_its_drafting():
+    ctl = GoodputController(Estimates(), AdaptivePolicy())
+    rng = np.random.default_rng(0)
+    ctl.record(1, None, 0, 0, 0.007)
+    for _ in range(40):
+        k, missed = int(rng.integers(1, 5)), int(rng.choice([0, 0, 100, 300]))
+        ctl.record(1, "model", k, 0, 0.007, draft_s=0.0017 * k + 5e-6 * max(0, missed - 2), missed=missed)
+    a, c = ctl.draft_rates(1)
+    assert a == pytest.approx(0.0017, rel=1e-3) and c == pytest.approx(5e-6, rel=1e-3)
+
+
+def test_probes_cost_a_bounded_share_of_the_deployments_time_at_any_load():
+    # acceptance that never pays: whatever drafting the controller does is its probes'. They cost the deployment at
+    # most a few percent of its time at any load, and at 256 in flight they do not come with (nearly) every step,
+    # as probes counted in the deployment's iterations did
+    never = PROFILES["weak"].__class__("never", 0.02)
+    for n in (4, 256):
+        r = simulate(H100, Policy.parse("controller:4"), constant(n), never, requests=max(32, 2 * n), max_tokens=64)
+        base = simulate(H100, Policy.parse("target-only"), constant(n), never, requests=max(32, 2 * n), max_tokens=64)
+        assert r.tokens_per_s / base.tokens_per_s > 0.97, n
+    assert r.drafted / r.iterations < 0.01, (r.drafted, r.iterations)
+
+
+def test_simulate_command_prints_the_matrix_and_writes_json(tmp_path):
+    from trtspec.cli import cli
+
+    out = tmp_path / "sim.json"
+    result = CliRunner().invoke(cli, ["simulate", "--concurrency", "1,2", "--profiles", "strong", "--fixed-k", "1,2",
+                                      "--requests", "12", "--max-tokens", "32", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "h100: 3.35 TB/s" in result.output and "controller" in result.output
+    import json
+
+    data = json.loads(out.read_text())
+    assert [c["concurrency"] for c in data["cells"]] == ["1", "2"]
+    assert set(data["cells"][0]["policies"]) == {"target-only", "k=1", "k=2", "controller, k <= 4"}
+
+
+def test_simulate_refuses_an_unknown_gpu_by_name():
+    from trtspec.cli import cli
+
+    result = CliRunner().invoke(cli, ["simulate", "--costs", "gpu:h900"])
+    assert result.exit_code != 0 and "unknown GPU 'h900'" in result.output and "h100" in result.output
+
+
+def _bench_engine_json(path, step_ms, verify, batch):
+    """What `trtspec bench-engine --json` writes (trtspec/commands/bench_engine.py), for one dtype."""
+    import json
+
+    run = {"requested_dtype": "float32", "dtype": "float32", "threads": 1, "context": 64, "weight_bytes": 1,
+           "bandwidth_gbs": 1.0, "limit_ms": step_ms / 1.5, "step_ms": step_ms, "device": "cpu", "sweep_ms": None,
+           "verify_ms": {str(n): step_ms * r for n, r in verify.items()},
+           "batch_ms": {str(m): step_ms * r for m, r in batch.items()}, "ratios": {}}
+    path.write_text(json.dumps({"checkpoint": "demo:target", "device": "cpu", "results": [run]}))
+    return path
+
+
+def test_simulate_runs_on_costs_measured_by_bench_engine(tmp_path):
+    from trtspec.cli import cli
+
+    # the demo pair on a 2-core CPU, as docs/benchmarks/engine.md records them: a row costs nearly what a step does
+    target = _bench_engine_json(tmp_path / "target.json", 55.0, {2: 1.1, 4: 1.25, 8: 1.8}, {4: 1.6, 8: 2.0, 16: 3.2})
+    draft = _bench_engine_json(tmp_path / "draft.json", 9.0, {2: 1.1, 4: 1.3, 8: 1.9}, {4: 1.7, 8: 2.3, 16: 3.5})
+    out = tmp_path / "cpu.json"
+    result = CliRunner().invoke(cli, ["simulate", "--costs", str(target), "--draft-costs", str(draft), "--concurrency",
+                                      "1,8", "--profiles", "medium", "--fixed-k", "1,2", "--requests", "16",
+                                      "--max-tokens", "64", "--prompt", "48", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "measured: cpu float32 (target.json) + cpu float32 (draft.json)" in result.output
+    assert "step 55.0 ms" in result.output
+    import json
+
+    cells = json.loads(out.read_text())["cells"]
+    assert [c["concurrency"] for c in cells] == ["1", "8"]
+    # a CPU's step grows with every row: target-only is the best fixed policy at 8 in flight, k = 1 at 1
+    assert cells[0]["best_fixed"] == "k=1" and cells[1]["best_fixed"] == "target-only"
+    missing = CliRunner().invoke(cli, ["simulate", "--costs", str(target), "--concurrency", "1"])
+    assert missing.exit_code != 0 and "needs --draft-costs" in missing.output

@@ -1,0 +1,346 @@
+"""`trtspec simulate`: the loop's own decisions (trtspec.planner) for N requests in flight, against a cost model.
+
+Lock step, as an in-flight batcher runs: each step, the requests that start an iteration plan it; those drafting
+with the draft model are batched in the draft engine (its step j runs the rows still drafting at j, the first
+also prefilling what each has not seen), then one target step runs every request in flight: a verify row 1 + k
+tokens, a plain row 1, a new request its prompt. A plain run of n tokens is n such steps. Each request's planner
+is told the times its own calls took, exactly as the loop measures them, and every request shares one
+`Estimates`, as a deployment's loop processes do. Acceptance is synthetic: position i of a draft is accepted with
+the profile's conditional probability (given the ones before were), drawn per draft.
+
+Requests arrive and leave: when one finishes, the next takes its place while the schedule's load says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from trtspec.bench.costs import Costs
+from trtspec.config import SpeculativeConfig
+from trtspec.drafters import Proposal
+from trtspec.planner import Planner, RequestPolicy
+from trtspec.controller import Estimates
+
+VOCAB = 32000
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Conditional acceptance by position: first * decay^i; `drop`: (from, to) fractions of the run's steps where
+    the first position's acceptance is `low` instead (the text turns hard to draft, then easy again)."""
+
+    name: str
+    first: float
+    decay: float = 0.92
+    drop: tuple[float, float] | None = None
+    low: float = 0.1
+
+    def at(self, position: int, progress: float) -> float:
+        first = self.low if self.drop and self.drop[0] <= progress < self.drop[1] else self.first
+        return first * self.decay ** position
+
+
+PROFILES = {
+    "strong": Acceptance("strong (0.75)", 0.75),
+    "medium": Acceptance("medium (0.5)", 0.5),
+    "weak": Acceptance("weak (0.25)", 0.25),
+    "drop": Acceptance("drop (0.75 -> 0.1 -> 0.75)", 0.75, drop=(1 / 3, 2 / 3)),
+}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """target-only (k = 0, no drafter), fixed k, or the controller (adaptive, at most k)."""
+
+    name: str
+    k: int
+    adaptive: bool
+
+    @classmethod
+    def parse(cls, text: str) -> "Policy":
+        if text in ("target-only", "0"):
+            return cls("target-only", 0, False)
+        if text.startswith("controller"):
+            k = int(text.split(":", 1)[1]) if ":" in text else 4
+            return cls(f"controller, k <= {k}", k, True)
+        return cls(f"k={int(text)}", int(text), False)
+
+
+@dataclass
+class CellResult:
+    policy: str
+    concurrency: str
+    profile: str
+    tokens: int = 0
+    seconds: float = 0.0
+    iterations: int = 0
+    drafted: int = 0  # iterations that verified a draft
+    draft_tokens: int = 0
+    accepted: int = 0
+    k_counts: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "policy": self.policy, "concurrency": self.concurrency, "profile": self.profile, "tokens": self.tokens,
+            "seconds": self.seconds, "tokens_per_s": self.tokens_per_s, "iterations": self.iterations,
+            "drafted": self.drafted, "draft_tokens": self.draft_tokens, "accepted": self.accepted,
+            "k_counts": self.k_counts,
+        }
+
+
+@dataclass
+class _Call:
+    plan: object
+    draft: list[int]
+    steps: int
+    load: int
+    draft_s: float | None = None
+    verify_s: float = 0.0
+    prefill: int = 0  # prompt tokens still to prefill (a new request's first call), max_num_tokens a step
+    batch: int = 1  # requests in the draft engine's call together
+    tokens: int = 0  # tokens in the target's (last) step
+    catchup: int = 0  # tokens the draft engine's call caught up on, for every request in it
+
+
+class _Request:
+    def __init__(self, planner: Planner, rng: np.random.Generator, prompt: int, max_tokens: int):
+        self.planner, self.rng = planner, rng
+        self.truth = rng.integers(0, VOCAB, prompt + max_tokens + 64).tolist()  # the target's greedy text
+        self.seq = self.truth[:prompt]
+        self.prompt, self.max_tokens = prompt, max_tokens
+        self.call: _Call | None = None
+        self.next: list[int] = []  # the target's own drafter's draft that came with the last answer
+        self.done = False
+
+    def draft(self, k: int, acceptance: Acceptance, progress: float) -> list[int]:
+        """k proposed tokens after the sequence: the target's own while each position passes, then a wrong one."""
+        pos, out = len(self.seq), []
+        for i in range(k):
+            if self.rng.random() < acceptance.at(i, progress):
+                out.append(self.truth[pos + i])
+            else:
+                out.append((self.truth[pos + i] + 1) % VOCAB)
+                out += self.rng.integers(0, VOCAB, k - i - 1).tolist()
+                break
+        return out
+
+    def propose(self, source: str, seq: Sequence[int], k: int) -> Proposal:
+        return Proposal(list(self.next)) if source == "model" else Proposal([])
+
+
+Schedule = Callable[[float], int]  # progress (0..1 of the run's requests) -> requests in flight
+
+
+def constant(n: int) -> Schedule:
+    return lambda progress: n
+
+
+def ramp(peak: int) -> Schedule:
+    """1 -> peak -> 1, in equal thirds of the run (the load doubles and halves in steps)."""
+    levels = [2 ** i for i in range(int(np.log2(peak)) + 1)]
+    path = levels + levels[::-1]
+    return lambda progress: path[min(int(progress * len(path)), len(path) - 1)]
+
+
+def simulate(
+    costs: Costs,
+    policy: Policy,
+    schedule: Schedule,
+    acceptance: Acceptance,
+    *,
+    spec: SpeculativeConfig | None = None,
+    in_engine: bool = False,
+    requests: int = 64,
+    prompt: int = 256,
+    max_tokens: int = 128,
+    stream: bool = False,
+    seed: int = 0,
+    max_num_tokens: int = 8192,
+    concurrency_label: str = "",
+) -> CellResult:
+    """Runs `requests` requests through the planner under `policy` and returns what they produced in how long.
+    `in_engine`: the drafter is the target engine's own (EAGLE-3): no draft-model calls; drafting k for the next
+    call adds k head steps to the target's step. Each request's max_tokens is drawn from 0.5-1.5x `max_tokens`, so
+    that requests do not all end (and new ones arrive) in the same step; `max_num_tokens`: the most tokens a target
+    step holds (prompts are prefilled in chunks of what is left)."""
+    spec = spec or SpeculativeConfig(max_draft_len=max(policy.k, 1), num_draft_tokens=policy.k,
+                                     draft_length_policy="adaptive" if policy.adaptive else "fixed")
+    rng = np.random.default_rng(seed)
+    estimates = Estimates()
+    result = CellResult(policy.name, concurrency_label, acceptance.name)
+    started, finished = 0, 0
+    active: list[_Request] = []
+    sources = ("model",) if policy.k else ()
+    pol = RequestPolicy(max_tokens=max_tokens, num_draft_tokens=policy.k, adaptive=policy.adaptive,
+                        selection="model", stream=stream)
+
+    def admit() -> None:
+        nonlocal started
+        want = schedule(finished / requests)
+        while len(active) < want and started < requests:
+            n = int(rng.integers(max_tokens // 2, max_tokens * 3 // 2 + 1))
+            planner = Planner(spec, estimates, dataclasses.replace(pol, max_tokens=n), sources,
+                              in_target=in_engine and bool(sources))
+            active.append(_Request(planner, np.random.default_rng(rng.integers(1 << 62)), prompt, n))
+            started += 1
+
+    admit()
+    while active:
+        load = len(active)
+        progress = finished / requests
+        for r in active:  # requests starting an iteration plan it
+            if r.call is not None:
+                continue
+            plan = r.planner.plan(load, r.seq, r.propose)
+            draft = r.draft(plan.k, acceptance, progress) if plan.calls_draft_model else list(plan.tokens or [])
+            remaining = r.max_tokens - (len(r.seq) - r.prompt)
+            r.call = _Call(plan, draft, 1 if draft else min(plan.plain, remaining), load,
+                           prefill=r.prompt if len(r.seq) == r.prompt else 0)
+        # the draft engine: one step per draft position, over the rows still drafting there
+        drafting = [r for r in active if r.call.plan.calls_draft_model and r.call.verify_s == 0.0 and r.call.draft_s is None]
+        draft_wall = 0.0
+        if drafting:
+            ks = [len(r.call.draft) for r in drafting]
+            catchup = sum(max(r.call.plan.missed - 2, 0) for r in drafting)
+            context = sum(len(r.seq) for r in drafting)
+            elapsed = []
+            for j in range(max(ks)):
+                rows = sum(k > j for k in ks)
+                draft_wall += costs.draft_step(rows, rows + (catchup if j == 0 else 0), context)
+                elapsed.append(draft_wall)
+            for r, k in zip(drafting, ks):
+                r.call.draft_s = elapsed[k - 1] if k else 0.0
+                r.call.batch, r.call.catchup = len(drafting), catchup
+        # the target: every request in flight, one step
+        tokens, head_k, prefilling = 0, 0, []
+        for r in active:
+            c = r.call
+            if c.prefill:
+                prefilling.append(c)
+            else:
+                tokens += 1 + (len(c.draft) if c.verify_s == 0.0 else 0)
+            head_k = max(head_k, c.plan.next_k)
+        budget = max(max_num_tokens - tokens, 0)  # prompts are prefilled in chunks, as TensorRT-LLM's scheduler does
+        for c in prefilling:
+            chunk = min(c.prefill, budget)
+            c.prefill -= chunk
+            budget -= chunk
+            tokens += chunk
+        context = sum(len(r.seq) for r in active)
+        for r in active:
+            r.call.tokens = tokens
+        step = costs.target_step(load, tokens, context) + head_k * costs.head_step(load)
+        result.seconds += draft_wall + step
+        for r in active:
+            c = r.call
+            c.verify_s += step
+            c.steps -= 0 if c.prefill else 1
+            if c.steps > 0:
+                continue
+            result.iterations += 1
+            remaining = r.max_tokens - (len(r.seq) - r.prompt)
+            pos = len(r.seq)
+            if c.draft:
+                accepted = next((i for i, t in enumerate(c.draft) if t != r.truth[pos + i]), len(c.draft))
+                new = r.truth[pos: pos + accepted + 1]
+                result.drafted += 1
+                result.draft_tokens += len(c.draft)
+                result.accepted += accepted
+            else:
+                new = r.truth[pos: pos + c.plan.plain]
+            result.k_counts += [0] * (len(c.draft) + 1 - len(result.k_counts))
+            result.k_counts[len(c.draft)] += 1
+            added = new[:remaining]
+            r.seq += added
+            result.tokens += len(added)
+            r.planner.outcome(c.plan, c.load, c.draft, new, c.verify_s, c.draft_s, r.seq, len(added), r.propose,
+                              draft_batch=c.batch, step_tokens=c.tokens,
+                              draft_missed=c.catchup)
+            r.next = r.draft(c.plan.next_k, acceptance, progress) if c.plan.next_k else []
+            r.call = None
+            r.done = len(r.seq) - r.prompt >= r.max_tokens
+        gone = [r for r in active if r.done]
+        if gone:
+            finished += len(gone)
+            active = [r for r in active if not r.done]
+            admit()
+    return result
+
+
+@dataclass
+class Cell:
+    """One concurrency and acceptance profile: target-only, each fixed k and the controller, side by side."""
+
+    concurrency: str
+    profile: str
+    results: dict[str, CellResult]
+
+    @property
+    def baseline(self) -> float:
+        return self.results["target-only"].tokens_per_s
+
+    def best_fixed(self) -> tuple[str, float]:
+        fixed = {n: r.tokens_per_s for n, r in self.results.items() if not n.startswith("controller")}
+        name = max(fixed, key=fixed.get)
+        return name, fixed[name]
+
+    def ratios(self, policy: str) -> tuple[float, float]:
+        """(vs target-only, vs the best fixed k) of `policy`."""
+        v = self.results[policy].tokens_per_s
+        return v / self.baseline, v / self.best_fixed()[1]
+
+    def to_dict(self) -> dict:
+        best, _ = self.best_fixed()
+        return {"concurrency": self.concurrency, "profile": self.profile, "best_fixed": best,
+                "policies": {n: {**r.to_dict(), "vs_target_only": self.ratios(n)[0], "vs_best_fixed": self.ratios(n)[1]}
+                             for n, r in self.results.items()}}
+
+
+def run_matrix(
+    costs: Costs,
+    concurrencies: Sequence[int | str],
+    profiles: Sequence[str],
+    fixed_k: Sequence[int],
+    controller_k: int,
+    *,
+    in_engine: bool = False,
+    requests: int = 48,
+    max_tokens: int = 96,
+    prompt: int = 256,
+    seed: int = 0,
+    progress: Callable[[str], None] = lambda line: None,
+) -> list[Cell]:
+    """Every (concurrency, profile) cell: target-only, each fixed k and the controller (at most controller_k).
+    A concurrency is a number of requests in flight, or "ramp:N" (1 -> N -> 1). Each cell runs at least
+    `requests` requests, and twice its concurrency, so that requests arrive and leave throughout."""
+    policies = [Policy.parse("target-only"), *(Policy.parse(str(k)) for k in fixed_k if k),
+                Policy.parse(f"controller:{controller_k}")]
+    cells = []
+    for conc in concurrencies:
+        text = str(conc)
+        if text.startswith("ramp:"):
+            peak = int(text.split(":", 1)[1])
+            schedule, n_requests = ramp(peak), max(requests, 6 * peak)
+        else:
+            schedule, n_requests = constant(int(text)), max(requests, 2 * int(text))
+        for name in profiles:
+            results = {}
+            for policy in policies:
+                results[policy.name] = simulate(costs, policy, schedule, PROFILES[name], in_engine=in_engine,
+                                                requests=n_requests, max_tokens=max_tokens, prompt=prompt, seed=seed,
+                                                concurrency_label=text)
+            cell = Cell(text, PROFILES[name].name, results)
+            cells.append(cell)
+            ctl = next(n for n in results if n.startswith("controller"))
+            vs_base, vs_best = cell.ratios(ctl)
+            progress(f"c={text:>8} {cell.profile:28s} best fixed {cell.best_fixed()[0]:11s} "
+                     f"controller {vs_base:.2f}x target-only, {vs_best:.2f}x the best fixed k")
+    return cells

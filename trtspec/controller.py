@@ -1,0 +1,609 @@
+"""The goodput controller (draft_length_policy: adaptive): per iteration, the draft source and k, 0 included, with the
+most expected tokens per second of the deployment, from acceptance and engine costs it measures online.
+
+`Estimates` is what it knows, shared by every loop process of a deployment (trtspec.load.SharedEstimates):
+acceptance per position per source, a target step's cost by requests in flight and by the tokens in it, and a draft
+call's cost per drafted and per caught-up token by the requests in it. `GoodputController` is one request's view of
+them. The per-iteration decision that uses it is trtspec.planner's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+
+from trtspec.drafters import ESTIMATE_KEYS, SOURCES, source_of
+
+MAX_POSITIONS = 64  # SpeculativeConfig.max_draft_len's bound
+MAX_LOAD = 256  # requests in flight (or in one draft call), as a cost-table key (more count as this many)
+ALONE = 1  # the load at which a request's own call time is the whole step's
+MAX_STEP_TOKENS = 4096  # tokens in one target step, as a cost-table key (more count as this many)
+SHARED_MARGIN = 0.03  # the least gain, at a shared load, for which the deployment drafts
+PROBE_SHARE = 0.05  # the most of the deployment's time a source's probes may cost it (their draft calls)
+MAX_PROBE_BACKOFF = 4.0  # failed probes space the next ones out, up to this many times
+
+
+def _layout() -> dict[str, tuple[int, ...]]:
+    s, p, k, n = len(ESTIMATE_KEYS), MAX_POSITIONS, MAX_POSITIONS + 1, MAX_LOAD + 1
+    return {
+        "reached": (s, p),  # drafts from source s whose position i was verified (every earlier one accepted)
+        "accepted": (s, p),  # ... and whose position i was accepted (both decayed: recent drafts weigh more)
+        "verify_s": (k, n),  # seconds of a target call verifying k draft tokens at n in flight (k = 0: a plain step)
+        "verify_n": (k, n),  # how many calls that mean holds
+        # a draft-model call's seconds with n requests in the call, fitted as a * k drafted + c * m caught up (the
+        # tokens it prefills first, beyond the usual 2): weighted sums of k*k, k*m, m*m, k*s, m*s
+        "draft_fit": (n, 5),
+        "draft_fit_n": (n,),
+        "step_s": (MAX_STEP_TOKENS + 1,),  # seconds of a target step by the tokens in it (calls at 2+ in flight)
+        "step_n": (MAX_STEP_TOKENS + 1,),
+        "stepping": (1,),  # tokens in target calls now
+        "costs_version": (1,),  # changes with every cost sample (what Estimates.memo keeps is valid until then)
+        "clock": (1,),  # the deployment's time: every call's seconds shared by the requests in flight
+        "drafting": (2,),  # requests in draft-model calls now, and the tokens those calls catch up on
+        "last_drafted": (s,),  # the clock when source s last drafted, or its acceptance was learnt otherwise
+        "probe_backoff": (s,),  # the probe interval's multiple for source s (0: 1): doubles as its probes fail
+    }
+
+
+ESTIMATES_LAYOUT = _layout()
+ESTIMATES_SIZE = sum(int(np.prod(shape)) for shape in ESTIMATES_LAYOUT.values())
+
+
+class Estimates:
+    """What the controller knows about the deployment: acceptance per position per source, and measured costs.
+
+    Views into one float64 buffer, so that trtspec.load.SharedEstimates can put it in shared memory for every
+    loop process of a server; here, by default, a private buffer. `locked()` guards read-modify-write updates."""
+
+    def __init__(self, buffer: np.ndarray | None = None):
+        self.buffer = np.zeros(ESTIMATES_SIZE) if buffer is None else buffer
+        offset = 0
+        for name, shape in ESTIMATES_LAYOUT.items():
+            size = int(np.prod(shape))
+            setattr(self, name, self.buffer[offset : offset + size].reshape(shape))
+            offset += size
+
+    def locked(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def memo(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """`compute()`, kept until the measured costs change (`costs_version`): every request of a step prices the
+        same costs, and pricing them is most of a decision's time."""
+        version = float(self.costs_version[0])
+        if getattr(self, "_memo_version", None) != version:
+            self._memo, self._memo_version = {}, version
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    @contextlib.contextmanager
+    def draft_call(self, missed: int = 0) -> Iterator[list[int]]:
+        """Counts a draft-model call, which catches up on `missed` tokens, for its duration; yields [requests, tokens
+        caught up]: the most that were in draft-model calls at once during it (its own included), the batch the
+        draft engine could run and the prefill that batch carried."""
+        extra = max(0, missed - 2)
+        with self.locked():
+            self.drafting += (1, extra)
+            batch = [int(x) for x in self.drafting]
+        try:
+            yield batch
+        finally:
+            with self.locked():
+                batch[:] = [max(a, int(b)) for a, b in zip(batch, self.drafting)]
+                self.drafting -= (1, extra)
+
+
+    @contextlib.contextmanager
+    def target_call(self, tokens: int) -> Iterator[list[int]]:
+        """Counts a target call's `tokens` for its duration; yields a list whose one item becomes the most tokens
+        that were in target calls at once during it (its own included): what the step it ran in held."""
+        with self.locked():
+            self.stepping[0] += tokens
+            held = [int(self.stepping[0])]
+        try:
+            yield held
+        finally:
+            with self.locked():
+                held[0] = max(held[0], int(self.stepping[0]))
+                self.stepping[0] -= tokens
+
+
+def _mean_update(means: np.ndarray, counts: np.ndarray, index: tuple, value: float, smoothing: float) -> None:
+    """A running mean that becomes an exponential one after 1/smoothing samples (tracks load and context)."""
+    counts[index] += 1
+    weight = max(1.0 / counts[index], smoothing)
+    means[index] += weight * (value - means[index])
+
+
+def _through_nearest_two(values: list[float], measured: list[int], k: int) -> float:
+    """values[k] on the line through the two measured k nearest k (between or beyond them)."""
+    k0, k1 = sorted(measured, key=lambda m: abs(m - k))[:2]
+    return values[k0] + (values[k1] - values[k0]) * (k - k0) / (k1 - k0)
+
+
+def _needs_draft_model(key: str) -> bool:
+    """An estimate key's source drafts with an engine call (its cost is measured; prompt lookup's is none)."""
+    return SOURCES[source_of(key)].needs_draft_model
+
+
+def load_key(in_flight: int) -> int:
+    return int(min(max(in_flight, 1), MAX_LOAD))
+
+
+@dataclass(frozen=True)
+class Choice:
+    source: str | None  # None: a plain target step
+    k: int
+    probe: bool = False
+
+
+class GoodputController:
+    """Chooses, per iteration of one request, the draft source and k in 0..cap maximising the deployment's
+    expected tokens per second of engine time: (1 + expected accepted tokens) / (the request's share of a plain
+    step at the current load + what the k draft rows add to that step + the draft-model call); a plain step
+    (k = 0, one token per share) is always a candidate. At one in flight this is the request's own speed.
+
+    Acceptance per position per source blends the deployment's estimate (shared by its loop processes) with the
+    request's own drafts; the estimate starts pessimistic (acceptance 0 at the first position, each deeper
+    position's prior the one before it), so a fresh deployment starts at k = 0. Costs are the loop's own engine
+    calls, timed by k and requests in flight. After `probe_every` of the deployment's iterations (any request's)
+    without drafting from a source, it is tried once (a probe), so acceptance or load that changes brings drafting
+    back; each probe of the draft model that does not bring it back doubles the deployment's interval, up to
+    8 * probe_every. Prompt lookup is probed alone only: its acceptance is learnt without drafting (`observe`)."""
+
+    def __init__(self, estimates: Estimates, settings: Any):
+        """`settings`: trtspec.config.AdaptivePolicy (probe_every, prior_drafts, request_weight, cost_smoothing,
+        acceptance_decay)."""
+        self.est, self.settings = estimates, settings
+        s = len(ESTIMATE_KEYS)
+        self.reached = np.zeros((s, MAX_POSITIONS))
+        self.accepted = np.zeros((s, MAX_POSITIONS))
+
+    # -------------------------------------------------------------- estimates
+
+    def acceptance(self, source: str, positions: int, optimistic: bool = False, shared: bool = False) -> list[float]:
+        """Conditional acceptance of positions 0..positions-1 (accepted given every earlier one was). `optimistic`
+        adds one standard error, so a deeper position measured on a few unlucky drafts is tried again; a position
+        with no acceptance seen gets no bonus (the pessimistic start). `shared`: the deployment's estimate alone,
+        without this request's own drafts."""
+        si = ESTIMATE_KEYS.index(source)
+        st, prior, out = self.settings, 0.0, []
+        shared_acc, shared_seen = self.est.accepted[si, :positions].tolist(), self.est.reached[si, :positions].tolist()
+        own_acc, own_seen = self.accepted[si, :positions].tolist(), self.reached[si, :positions].tolist()
+        if shared:  # the deployment's alone
+            own_acc, own_seen = [0.0] * positions, [0.0] * positions
+        for i in range(positions):
+            shared = (shared_acc[i] + st.prior_drafts * prior) / (shared_seen[i] + st.prior_drafts)
+            a = (own_acc[i] + st.request_weight * shared) / (own_seen[i] + st.request_weight)
+            prior = a
+            if optimistic:
+                a = min(1.0, a + (a * (1 - a) / (shared_seen[i] + own_seen[i] + 1)) ** 0.5)
+            out.append(a)
+        return out
+
+    def expected_accepted(self, source: str, k: int, optimistic: bool = False) -> float:
+        """Expected accepted tokens of a k-token draft: the sum over positions of the chance all up to it pass."""
+        total, p = 0.0, 1.0
+        for a in self.acceptance(source, k, optimistic):
+            p *= a
+            total += p
+        return total
+
+    @staticmethod
+    def _nearest_load(counts: np.ndarray, n: int) -> int | None:
+        """The load nearest n with any k measured (n itself first); None if there is none."""
+        loads = np.flatnonzero(counts.any(axis=0))
+        return None if loads.size == 0 else int(loads[np.argmin(np.abs(loads - n))])
+
+    @classmethod
+    def _curve(cls, means: np.ndarray, counts: np.ndarray, n: int, kmax: int, proportional: bool) -> list[float] | None:
+        """Mean costs of k = 0..kmax at load n. Unmeasured: from the nearest measured load, and across k linearly
+        between (or beyond) the two nearest measured k there (one measured k: the same cost, or in proportion to
+        k); None when nothing is measured."""
+        n = cls._nearest_load(counts, n)
+        if n is None:
+            return None
+        col, measured = means[:, n].tolist(), counts[:, n].tolist()
+        seen = [k for k, c in enumerate(measured) if c]
+        out = []
+        for k in range(kmax + 1):
+            if measured[k]:
+                out.append(col[k])
+                continue
+            if len(seen) > 1:
+                out.append(max(_through_nearest_two(col, seen, k), 0.0))
+            else:
+                k0 = seen[0]
+                out.append(col[k0] * k / k0 if proportional and k0 else col[k0])
+        return out
+
+    def _verify_curve(self, n: int, kmax: int) -> list[float] | None:
+        """Seconds of a target call verifying k = 0..kmax drafts at load n, from what load n measured: None unless it
+        measured a plain step and some k >= 1. A call with drafts is a different computation from a plain step (a
+        multi-token segment, k + 1 logits rows) and can cost a fixed amount more whatever its k, so the k >= 1 part
+        is its own line, through the two nearest measured k >= 1. Beside the only one: alone (where a call's time is
+        exact and a try is cheap), flat, so that a longer draft is tried and measured, not assumed to cost k times
+        the first row's extra; at a load shared with others, in proportion to k from the plain step."""
+        means, counts = self.est.verify_s[:, n].tolist(), self.est.verify_n[:, n].tolist()
+        drafted = [k for k in range(1, len(counts)) if counts[k]]
+        if not counts[0] or not drafted:
+            return None
+        out = [means[0]]
+        for k in range(1, kmax + 1):
+            if counts[k]:
+                out.append(means[k])
+                continue
+            if len(drafted) > 1:
+                out.append(_through_nearest_two(means, drafted, k))
+            else:
+                k0 = drafted[0]
+                out.append(means[k0] if n == ALONE else means[0] + (means[k0] - means[0]) * k / k0)
+        return [out[0]] + [max(c, out[0]) for c in out[1:]]
+
+    def token_cost(self, load: int, kmax: int) -> float:
+        return self.est.memo(('token_cost', load, kmax), lambda: self._token_cost(load, kmax))
+
+    def _token_cost(self, load: int, kmax: int) -> float:
+        """Seconds one more token adds to a target step at `load` in flight, where its draft rows would take it (from
+        `load` to load * (1 + kmax) tokens): the slope of the steps measured by the tokens in them, through the
+        measured steps between half the load's tokens and the most a drafting batch would hold (least squares).
+        Memory-bound steps read draft rows as nearly free; compute-bound ones price each. 0 when unmeasured."""
+        tokens = np.flatnonzero(self.est.step_n)
+        n = load_key(load)
+        near = tokens[(tokens >= max(1, n // 2)) & (tokens <= max(2 * n, n * (1 + kmax)))]
+        if near.size < 2:
+            return 0.0
+        x, y = near - near.mean(), self.est.step_s[near]
+        return max(float(x @ y) / float(x @ x), 0.0)
+
+    def batch_steps(self, load: int, kmax: int) -> list[float] | None:
+        return self.est.memo(('batch_steps', load, kmax), lambda: self._batch_steps(load, kmax))
+
+    def _batch_steps(self, load: int, kmax: int) -> list[float] | None:
+        """Seconds of the target's step with every one of `load` requests in it verifying k = 0..kmax drafts (load *
+        (1 + k) tokens), on the line through the steps measured by the tokens in them near there; None where fewer
+        than two token counts were measured near, or alone (a step's own curve: verify_costs). This is what drafting
+        together costs, and what not drafting would: with others drafting, a request's own plain call waits for
+        their rows too, so its time says nothing of a step without them."""
+        n = load_key(load)
+        if n == ALONE:
+            return None
+        tokens = np.flatnonzero(self.est.step_n)
+        near = tokens[(tokens >= max(1, n // 2)) & (tokens <= 2 * n * (1 + kmax))]
+        if near.size < 2 or near[-1] < n:
+            return None
+        y = self.est.step_s[near]
+        x = near - near.mean()
+        slope = max(float(x @ y) / float(x @ x), 0.0)
+        at_mean = float(y.mean())
+        return [max(at_mean + slope * (n * (1 + k) - near.mean()), 1e-9) for k in range(kmax + 1)]
+
+    def row_costs(self, kmax: int, load: int = ALONE) -> list[float]:
+        """What k = 0..kmax draft rows add to a target step at `load`, from where that is observable. A request's own
+        call time shows it only when the request is alone in flight: with others in the step, its k = 0 and k > 0
+        calls wait for the same steps, whose length the others' rows set too, so their difference reads rows as
+        nearly free. Alone, a call with drafts can cost a fixed amount more than a plain step and a few rows more
+        little; in a batch every row costs at least what one more token adds to the steps, measured by the tokens
+        in them (token_cost), and what one more request adds to a plain step between the lightest and heaviest
+        measured loads; neither measured: nothing (flat: a probe measures it)."""
+        means, counts = self.est.verify_s, self.est.verify_n
+        plain = np.flatnonzero(counts[0])
+        per_row = 0.0
+        if plain.size >= 2:
+            lo, hi = int(plain[0]), int(plain[-1])
+            per_row = max(float(means[0, hi] - means[0, lo]) / (hi - lo), 0.0)
+        per_row = max(per_row, self.token_cost(load, kmax)) if load_key(load) != ALONE else per_row
+        alone = self._verify_curve(ALONE, kmax)
+        if alone is None:
+            return [per_row * k for k in range(kmax + 1)]
+        rows = [c - alone[0] for c in alone]
+        return rows if load_key(load) == ALONE else [max(r, per_row * k) for k, r in enumerate(rows)]
+
+    def verify_costs(self, kmax: int, load: int) -> list[float] | None:
+        return self.est.memo(('verify_costs', kmax, load), lambda: self._verify_costs(kmax, load))
+
+    def _verify_costs(self, kmax: int, load: int) -> list[float] | None:
+        """Seconds of a target call verifying k = 0..kmax drafts at `load` in flight: the plain step measured at the
+        nearest load, plus what the draft rows add to a step (row_costs), or more where alone measured more."""
+        means, counts, n = self.est.verify_s, self.est.verify_n, load_key(load)
+        col = self._nearest_load(counts, n)
+        if col is None:
+            return None
+        seen = np.flatnonzero(counts[:, col])
+        rows = self.row_costs(max(kmax, int(seen[-1])), load)
+        k0 = int(seen[0])
+        base = max(float(means[k0, col]) - rows[k0], 0.0)
+        out = [base + rows[k] for k in range(kmax + 1)]
+        if col == ALONE:  # alone a call's own time is exact; shared, it is the others' too (their rows, prefill)
+            own = self._verify_curve(col, kmax)
+            if own is not None:
+                out = [max(a, b) for a, b in zip(out, own)]
+        return out
+
+    def verify_cost(self, k: int, load: int) -> float | None:
+        curve = self.verify_costs(k, load)
+        return None if curve is None else curve[k]
+
+    def _draft_fit(self, m: int) -> tuple[float | None, float | None]:
+        """(a, c) fitted at batch m: seconds per drafted and per caught-up token; None where the calls measured
+        there cannot tell them apart (a probe after a pause always catches up on about as much)."""
+        kk, km, mm, ky, my = self.est.draft_fit[m].tolist()
+        if mm <= 1e-12:
+            return ky / kk, None  # no call caught up: every second is the drafting's
+        det = kk * mm - km * km
+        if det > 1e-6 * kk * mm:
+            a, c = (ky * mm - my * km) / det, (kk * my - km * ky) / det
+            if a > 0 and 0 <= c <= a:  # a prefill token never costs more than a drafted one
+                return a, c
+        return None, None
+
+    def plain_step(self, load: int) -> float | None:
+        return self.est.memo(('plain_step', load), lambda: self._plain_step(load))
+
+    def _plain_step(self, load: int) -> float | None:
+        """Seconds of a plain target step measured at the load nearest `load` (None: none measured)."""
+        loads = np.flatnonzero(self.est.verify_n[0])
+        if loads.size == 0:
+            return None
+        return float(self.est.verify_s[0, loads[np.argmin(np.abs(loads - load_key(load)))]])
+
+    def _scaled(self, value: float, there: int, here: int) -> float:
+        """A draft-model cost measured at batch `there` at batch `here`: as a plain target step scales between those
+        loads (the draft model runs on the same kind of device, memory-bound or not alike)."""
+        if here == there:
+            return value
+        a, b = self.plain_step(here), self.plain_step(there)
+        return value * a / b if a and b else value
+
+    def draft_rates(self, batch: int) -> tuple[float, float] | None:
+        return self.est.memo(('draft_rates', batch), lambda: self._draft_rates(batch))
+
+    def _draft_rates(self, batch: int) -> tuple[float, float] | None:
+        """(seconds per drafted token, per caught-up token) of a draft-model call with `batch` requests in it, from
+        the fit at the nearest measured batch; where that cannot tell drafting from catching up, the drafting rate
+        of the nearest batch that can, and the rest of its calls' time caught up; None: no draft call measured."""
+        fitted = np.flatnonzero(self.est.draft_fit_n)
+        if fitted.size == 0:
+            return None
+        order = sorted(fitted.tolist(), key=lambda b: abs(b - batch))
+        m = order[0]
+        a, c = self._draft_fit(m)
+        if a is None:
+            ref = next((b for b in order if self._draft_fit(b)[0] is not None), None)
+            kk, km, mm, ky, my = self.est.draft_fit[m].tolist()
+            if ref is None:  # nothing separates them yet: all of it drafting (a probe goes on to a clean call)
+                a, c = ky / kk, 0.0
+            else:
+                a = self._scaled(self._draft_fit(ref)[0], ref, m)
+                c = min(max((my - a * km) / mm, 0.0), a)
+        if c is None:
+            known = next((self._draft_fit(b)[1] for b in order if self._draft_fit(b)[1] is not None), 0.0)
+            c = known
+        return self._scaled(a, m, batch), self._scaled(c, m, batch)
+
+    def draft_costs(self, kmax: int, load: int, missed: int = 0,
+                    rates: tuple[float, float] | None = None) -> list[float] | None:
+        """A request's share of the draft-model call for k = 0..kmax, priced as every request in flight drafting
+        together: the draft engine's call for all of them, divided among them. A choice made one request at a time
+        would otherwise never see what the batch costs: while few requests draft, each pays a whole draft call,
+        and none would start. `missed`: tokens the draft model has not seen yet (beyond the usual 2, it prefills
+        them first), at what one more caught-up token adds to the call."""
+        b = load_key(load)
+        rates = rates or self.draft_rates(b)
+        if rates is None:
+            return None
+        a, c = rates
+        catchup = c * max(0, missed - 2)  # the request's own prefill: work of its own, not shared
+        return [0.0] + [a * k / b + catchup for k in range(1, kmax + 1)]
+
+    def draft_cost(self, source: str, k: int, load: int, missed: int = 0) -> float | None:
+        if k == 0 or not _needs_draft_model(source):
+            return 0.0  # prompt lookup runs in the loop's process: no engine step
+        costs = self.draft_costs(k, load, missed)
+        return None if costs is None else costs[k]
+
+    # -------------------------------------------------------------- the decision
+
+    def _best(self, load: int, candidates: Mapping[str, int], missed: int = 0,
+              remaining: int | None = None) -> Choice | None:
+        """The choice of most expected tokens per second, without probes (None: no plain step measured yet).
+        `remaining`: the request's tokens still to come, over whose drafting iterations the draft model's catch-up
+        is spread (once caught up, it stays caught up while the request drafts); None: none, the whole catch-up
+        on this iteration."""
+        kmax = max(candidates.values(), default=0)
+        verify = self.verify_costs(kmax, load)
+        if verify is None:
+            return None
+        # Goodput is the deployment's tokens per second, not this request's. With n in flight a plain step is
+        # shared by n requests: this request's share of it is step / n. Its draft rows lengthen the step every
+        # request in it waits for (row_costs prices that), and its draft-model call is shared by the requests
+        # drafting with it (draft_costs), as the draft engine batches them; alone, this is the request's latency.
+        n = load_key(load)
+        steps = self.batch_steps(load, kmax)
+        if steps is not None:  # shared: the batch's step by its tokens, every request in it drafting k alike
+            verify = [steps[0]] + [max(s, steps[0]) for s in steps[1:]]
+            rows = [(s - steps[0]) / n for s in verify]
+        else:
+            rows = [max(v - verify[0], 0.0) for v in verify]
+        share = verify[0] / n
+        best, best_value = Choice(None, 0), 1.0 / max(share, 1e-9)
+        draft: list[float] | None = None
+        for source, cap in candidates.items():
+            if cap <= 0:
+                continue
+            catchup = 0.0
+            if _needs_draft_model(source):
+                rates = self.draft_rates(load_key(load))
+                if rates is None:
+                    continue  # unmeasured: a probe measures it
+                draft = draft or self.draft_costs(kmax, load, rates=rates)
+                catchup = rates[1] * max(0, missed - 2)
+            def values(acceptance: list[float]) -> list[float]:
+                out, expected, p = [1.0 / max(share, 1e-9)], 0.0, 1.0
+                for k, a in enumerate(acceptance, start=1):
+                    p *= a
+                    expected += p
+                    iterations = max(1.0, (remaining or 0) / (1.0 + expected))
+                    cost = share + rows[k] + (draft[k] + catchup / iterations if _needs_draft_model(source) else 0.0)
+                    out.append((1.0 + expected) / max(cost, 1e-9))
+                return out
+
+            if n == ALONE:
+                own = values(self.acceptance(source, cap, optimistic=True))
+                k = int(np.argmax(own))
+            else:
+                # Shared, the requests draft alike: the draft engine's call runs as many steps as its longest draft,
+                # so a request drafting more than the others lengthens it for all, and one drafting fewer does not
+                # shorten it. The deployment's k at this load is chosen from its own estimate (every request finds
+                # the same), and each request takes it, or a plain step where its own acceptance says so. Half the
+                # requests drafting costs the rest the draft engine's call too, so a gain within the estimates' noise
+                # is not taken: acceptance as estimated (not optimistic; probes explore), and a margin.
+                own = values(self.acceptance(source, cap))
+                together = values(self.acceptance(source, cap, shared=True))
+                k = int(np.argmax(together))
+                k = k if together[k] > (1 + SHARED_MARGIN) * together[0] and own[k] > own[0] else 0
+            if k and own[k] > best_value:
+                best, best_value = Choice(source, k), own[k]
+        return best
+
+    def _probe_due(self, source: str, load: int) -> bool:
+        """A probe of `source` is due once the deployment has run, since the source last drafted (or was learnt),
+        long enough that the probe costs it a bounded share of its time: its plain step `probe_every` times, and
+        the probe's draft call PROBE_SHARE^-1 times, both times the source's backoff. In time, not in iterations:
+        with many requests in flight, iterations come many to a step, and every request in the step waits for a
+        probe's draft call."""
+        si = ESTIMATE_KEYS.index(source)
+        est = self.est
+        step = self.verify_cost(0, load)
+        if step is None:
+            return False  # a plain step first: what a probe's time is measured against
+        interval = self.settings.probe_every * step
+        if _needs_draft_model(source):
+            rates = self.draft_rates(1)
+            if rates is not None:  # what the probe's draft call costs the deployment: drafting alone
+                interval = max(interval, rates[0] * self._probe_len(source, MAX_POSITIONS) / PROBE_SHARE)
+        return float(est.clock[0] - est.last_drafted[si]) >= interval * max(1.0, float(est.probe_backoff[si]))
+
+    def next_draft_len(self, source: str, cap: int, load: int) -> int:
+        """How many tokens to ask a drafter inside the target engine (EAGLE-3) to draft for the next call, which each
+        call computes when asked: the k the next iteration would draft if drafting from it pays now, the k of its
+        probe if one is due, else 0. So a k = 0 stretch costs what plain steps cost, and a call drafting k pays
+        for k tokens of drafting, not for `cap` (the head's steps are sequential)."""
+        if cap <= 0:
+            return 0
+        best = self._best(load, {source: cap})
+        if best is not None and best.source == source:
+            return best.k
+        if self._probe_due(source, load):
+            return self._probe_len(source, cap)
+        return 0
+
+    def _probe_len(self, source: str, cap: int) -> int:
+        """A probe drafts through the positions believed good (acceptance >= 0.5) and one more."""
+        good = [a >= 0.5 for a in self.acceptance(source, cap)]
+        depth = good.index(False) if not all(good) else cap
+        return max(1, min(cap, depth + 1))
+
+    def choose(self, load: int, candidates: Mapping[str, int], missed: int = 0, may_probe: bool = True,
+               remaining: int | None = None) -> Choice:
+        """`candidates`: estimate key (drafters.estimate_key: the source, for prompt lookup with its match's level)
+        -> the most tokens it may propose now (for prompt lookup: its match's length);
+        `missed`: tokens the draft model would catch up on; `may_probe` false: no probe now (a request's first
+        call, whose first token a probe of the draft model would delay by its prefill of the whole prompt: the
+        next iteration, this request's or another's, probes instead); `remaining`: the request's tokens still to
+        come (the catch-up is spread over them). Sources in asking order (the first wins a tie).
+        Each candidate's value is its expected tokens per second, acceptance optimistic by its standard error."""
+        best = self._best(load, candidates, missed, remaining)
+        if best is None:
+            return Choice(None, 0)  # measure a plain step first
+        # Probes are the deployment's, like the estimates they feed: one request's probe informs every request, so a
+        # source is probed once the deployment has gone long enough without it (_probe_due), not every request.
+        est = self.est
+        if best.source is not None:
+            est.probe_backoff[ESTIMATE_KEYS.index(best.source)] = 1.0
+        for source, cap in candidates.items():
+            si = ESTIMATE_KEYS.index(source)
+            # prompt lookup's acceptance is learnt without drafting (observe), and what its rows cost is measured
+            # alone (row_costs): with others in flight a probe of it would learn nothing and lengthen their step
+            if not _needs_draft_model(source) and load_key(load) != ALONE:
+                continue
+            if may_probe and source != best.source and cap > 0 and self._probe_due(source, load):
+                with est.locked():
+                    est.last_drafted[si] = est.clock[0]
+                    if _needs_draft_model(source):  # prompt lookup's probes cost a verify row, no engine step
+                        est.probe_backoff[si] = min(2.0 * max(1.0, float(est.probe_backoff[si])), MAX_PROBE_BACKOFF)
+                return Choice(source, self._probe_len(source, cap), probe=True)
+        return best
+
+    def record(
+        self,
+        load: int,
+        source: str | None,
+        proposed: int,
+        accepted: int,
+        verify_s: float | None,
+        draft_s: float | None = None,
+        missed: int = 0,
+        steps: int = 1,
+        draft_batch: int = 1,
+        elapsed_s: float | None = None,
+        step_tokens: int | None = None,
+        draft_missed: int | None = None,
+    ) -> None:
+        """One iteration: `proposed` tokens from `source` (None: none), `accepted` of them; the verify call's seconds
+        per step (None: not a clean sample, e.g. the request's first call with its prefill) and the draft-model
+        call's; `steps`: the target's steps in the call (a plain run's tokens); `draft_batch`: the requests that
+        were in draft-model calls together with it; `elapsed_s`: the iteration's seconds (its calls'; default:
+        the verify's and the draft's), which advance the deployment's clock by this request's share; `step_tokens`: the tokens in the target's step; `draft_missed`: the tokens the
+        draft call caught up on, for all the requests in it (None: its own only)."""
+        n, est, st = load_key(load), self.est, self.settings
+        with est.locked():
+            if elapsed_s is None:
+                elapsed_s = (verify_s or 0.0) * steps + (draft_s or 0.0)
+            est.clock[0] += elapsed_s / n
+            if source is not None and proposed:
+                est.last_drafted[ESTIMATE_KEYS.index(source)] = est.clock[0]
+            est.costs_version[0] += verify_s is not None or (draft_s is not None and source is not None)
+            if verify_s is not None:
+                _mean_update(est.verify_s, est.verify_n, (proposed, n), verify_s, st.cost_smoothing)
+                if step_tokens and n != ALONE:  # alone, the (k, load) curve is the step's own
+                    _mean_update(est.step_s, est.step_n, (min(step_tokens, MAX_STEP_TOKENS),), verify_s,
+                                 st.cost_smoothing)
+            if source is None or not proposed:
+                return
+            si = ESTIMATE_KEYS.index(source)
+            self._count(si, proposed, accepted)
+            if draft_s is None or not _needs_draft_model(source):
+                return
+            b, m = load_key(draft_batch), float(max(0, missed - 2) if draft_missed is None else draft_missed)
+            est.draft_fit_n[b] += 1
+            w = max(1.0 / est.draft_fit_n[b], st.cost_smoothing)
+            sample = np.array([proposed * proposed, proposed * m, m * m, proposed * draft_s, m * draft_s])
+            est.draft_fit[b] += w * (sample - est.draft_fit[b])
+
+    def observe(self, scored: Iterable[tuple[str, int, int]]) -> None:
+        """Proposals that were not drafted, (estimate key, proposed, accepted) each, scored against the tokens the
+        target went on to produce: as much an acceptance sample as a verified draft (greedy: accepted is equality;
+        sampling: the same comparison the target's sample makes), at no cost. A free source (prompt lookup) so
+        learns from every iteration, drafted or not, and a request learns its own rate within a few tokens."""
+        scored = [(ESTIMATE_KEYS.index(key), proposed, accepted) for key, proposed, accepted in scored if proposed > 0]
+        if not scored:
+            return
+        with self.est.locked():  # once for them all: the deployment's estimates are shared between processes
+            for si, proposed, accepted in scored:
+                self.est.last_drafted[si] = self.est.clock[0]  # what a probe would have learnt, learnt for free
+                self._count(si, proposed, accepted)
+
+    def _count(self, si: int, proposed: int, accepted: int) -> None:
+        """Positions reached and accepted, into the deployment's decayed estimate and the request's own."""
+        est, st = self.est, self.settings
+        reached = min(accepted + 1, proposed)
+        est.reached[si] *= st.acceptance_decay
+        est.accepted[si] *= st.acceptance_decay
+        est.reached[si, :reached] += 1
+        est.accepted[si, :accepted] += 1
+        self.reached[si, :reached] += 1
+        self.accepted[si, :accepted] += 1
