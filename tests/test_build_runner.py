@@ -125,14 +125,14 @@ def env(tmp_path: Path, monkeypatch) -> dict:
 
     real = repository.generate_repository
 
-    def generate_repository(cfg, output_dir, *, target_engine_dir=None, draft_engine_dir=None, trtllm_version=None, kv_cache_fractions=None):  # noqa: E501
+    def generate_repository(cfg, output_dir, *, target_engine_dir=None, draft_engine_dir=None, trtllm_version=None, kv_cache_fractions=None, final_dir=None):  # noqa: E501
         """The real generator, with a record of what the build handed it."""
         generated.append(
             {"cfg": cfg, "output_dir": Path(output_dir), "target": target_engine_dir, "draft": draft_engine_dir,
-             "version": trtllm_version, "kv": kv_cache_fractions}
+             "version": trtllm_version, "kv": kv_cache_fractions, "final_dir": final_dir}
         )  # fmt: skip
         return real(cfg, output_dir, target_engine_dir=target_engine_dir, draft_engine_dir=draft_engine_dir,
-                    trtllm_version=trtllm_version, kv_cache_fractions=kv_cache_fractions)
+                    trtllm_version=trtllm_version, kv_cache_fractions=kv_cache_fractions, final_dir=final_dir)
 
     monkeypatch.setattr(repository, "generate_repository", generate_repository)
     return {"calls": calls, "generated": generated, "tmp": tmp_path}

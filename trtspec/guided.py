@@ -99,7 +99,7 @@ def load_tokenizer_info(tokenizer_dir: str | Path) -> dict[str, Any] | None:
         from transformers import AutoTokenizer
 
         return tokenizer_info_dict(AutoTokenizer.from_pretrained(str(tokenizer_dir)))
-    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+    except Exception:  # noqa: BLE001 - the tokenizers library raises a bare Exception for a file it cannot parse
         return None
 
 
