@@ -145,3 +145,28 @@ def test_simulate_runs_on_costs_measured_by_bench_engine(tmp_path):
     assert cells[0]["best_fixed"] == "k=1" and cells[1]["best_fixed"] == "target-only"
     missing = CliRunner().invoke(cli, ["simulate", "--costs", str(target), "--concurrency", "1"])
     assert missing.exit_code != 0 and "needs --draft-costs" in missing.output
+
+
+def test_a_draft_engine_that_does_not_batch_is_priced_alone():
+    # a CPU's reference engine: its draft calls overlap the target's steps on other cores instead of batching, so a
+    # request pays its whole draft call at any load (repository.loop_settings resolves this from the device)
+    ctl = GoodputController(Estimates(), AdaptivePolicy(draft_calls_batched=False))
+    for _ in range(10):
+        ctl.record(1, None, 0, 0, 0.040)
+        ctl.record(8, None, 0, 0, 0.120)
+        ctl.record(1, "model", 2, 1, 0.048, draft_s=0.020)
+    assert ctl.draft_cost("model", 2, 8) == pytest.approx(0.020)
+
+
+def test_the_deployment_resolves_whether_its_draft_calls_batch_from_its_device():
+    from trtspec.config import parse_config
+    from trtspec.repository import loop_settings
+
+    def resolved(**over):
+        cfg = parse_config({"name": "x", "engine": "reference", "target": {"checkpoint": "demo:target"},
+                            "draft": {"checkpoint": "demo:draft"}, **over})
+        return loop_settings(cfg, baseline=False, uses_model=True, engine_input_names={}) \
+            .speculative.adaptive.draft_calls_batched
+
+    assert resolved(device="cpu") is False and resolved(device="cuda") is True
+    assert resolved(device="cuda", speculative={"adaptive": {"draft_calls_batched": False}}) is False

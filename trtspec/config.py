@@ -127,6 +127,11 @@ class AdaptivePolicy(_Strict):
     cost_smoothing: Annotated[float, Field(gt=0.0, le=1.0)] = Field(
         default=0.1, description="weight of a new cost sample in the measured draft and verify costs (by k and "
         "requests in flight): higher follows load changes faster, lower is steadier")
+    draft_calls_batched: bool | None = Field(
+        default=None, description="whether the draft engine runs the draft calls of requests drafting at once as one "
+        "batch, so a draft call is priced as shared by them (a GPU's in-flight batcher), or each on its own (a CPU: "
+        "the draft engine's calls overlap the target's steps on other cores rather than batch); unset: batched "
+        "except for the reference engine on a CPU")
     acceptance_decay: Annotated[float, Field(gt=0.0, le=1.0)] = Field(
         default=0.99, description="per draft, the weight left to older drafts in the deployment's acceptance "
         "estimate (0.99: about the last 100 drafts of a source)")

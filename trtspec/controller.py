@@ -389,9 +389,10 @@ class GoodputController:
         """A request's share of the draft-model call for k = 0..kmax, priced as every request in flight drafting
         together: the draft engine's call for all of them, divided among them. A choice made one request at a time
         would otherwise never see what the batch costs: while few requests draft, each pays a whole draft call,
-        and none would start. `missed`: tokens the draft model has not seen yet (beyond the usual 2, it prefills
+        and none would start. Where the draft engine does not batch the calls (settings.draft_calls_batched false),
+        each request pays its whole call. `missed`: tokens the draft model has not seen yet (beyond the usual 2, it prefills
         them first), at what one more caught-up token adds to the call."""
-        b = load_key(load)
+        b = load_key(load) if getattr(self.settings, "draft_calls_batched", None) is not False else ALONE
         rates = rates or self.draft_rates(b)
         if rates is None:
             return None
@@ -436,7 +437,8 @@ class GoodputController:
                 continue
             catchup = 0.0
             if _needs_draft_model(source):
-                rates = self.draft_rates(load_key(load))
+                batched = getattr(self.settings, "draft_calls_batched", None) is not False
+                rates = self.draft_rates(load_key(load) if batched else ALONE)
                 if rates is None:
                     continue  # unmeasured: a probe measures it
                 draft = draft or self.draft_costs(kmax, load, rates=rates)

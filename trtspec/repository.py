@@ -185,9 +185,13 @@ def _guided_params(config: mc.ModelConfig, guided: GuidedSettings | None, refere
 
 def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_input_names: dict[str, str],
                   guided: GuidedSettings | None = None) -> LoopSettings:
+    spec = cfg.speculative
+    if spec.adaptive.draft_calls_batched is None:  # resolved here, where the device is known
+        batched = not (cfg.engine == "reference" and cfg.device != "cuda")
+        spec = spec.model_copy(update={"adaptive": spec.adaptive.model_copy(update={"draft_calls_batched": batched})})
     return LoopSettings(
         guided=guided,
-        speculative=cfg.speculative,
+        speculative=spec,
         max_input_len=cfg.limits.max_input_len,
         target_model=TARGET,
         draft_model=DRAFT if uses_model else None,
