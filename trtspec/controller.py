@@ -111,6 +111,12 @@ class Estimates:
                 self.stepping[0] -= tokens
 
 
+def _nonzero(shared: np.ndarray) -> np.ndarray:
+    """np.flatnonzero of a copy: another loop process may update the shared estimates while they are read, and
+    numpy's nonzero fails when the count changes under it."""
+    return np.flatnonzero(np.array(shared))
+
+
 def _mean_update(means: np.ndarray, counts: np.ndarray, index: tuple, value: float, smoothing: float) -> None:
     """A running mean that becomes an exponential one after 1/smoothing samples (tracks load and context)."""
     counts[index] += 1
@@ -195,7 +201,7 @@ class GoodputController:
     @staticmethod
     def _nearest_load(counts: np.ndarray, n: int) -> int | None:
         """The load nearest n with any k measured (n itself first); None if there is none."""
-        loads = np.flatnonzero(counts.any(axis=0))
+        loads = _nonzero(counts.any(axis=0))
         return None if loads.size == 0 else int(loads[np.argmin(np.abs(loads - n))])
 
     @classmethod
@@ -251,7 +257,7 @@ class GoodputController:
         `load` to load * (1 + kmax) tokens): the slope of the steps measured by the tokens in them, through the
         measured steps between half the load's tokens and the most a drafting batch would hold (least squares).
         Memory-bound steps read draft rows as nearly free; compute-bound ones price each. 0 when unmeasured."""
-        tokens = np.flatnonzero(self.est.step_n)
+        tokens = _nonzero(self.est.step_n)
         n = load_key(load)
         near = tokens[(tokens >= max(1, n // 2)) & (tokens <= max(2 * n, n * (1 + kmax)))]
         if near.size < 2:
@@ -271,7 +277,7 @@ class GoodputController:
         n = load_key(load)
         if n == ALONE:
             return None
-        tokens = np.flatnonzero(self.est.step_n)
+        tokens = _nonzero(self.est.step_n)
         near = tokens[(tokens >= max(1, n // 2)) & (tokens <= 2 * n * (1 + kmax))]
         if near.size < 2 or near[-1] < n:
             return None
@@ -290,7 +296,7 @@ class GoodputController:
         in them (token_cost), and what one more request adds to a plain step between the lightest and heaviest
         measured loads; neither measured: nothing (flat: a probe measures it)."""
         means, counts = self.est.verify_s, self.est.verify_n
-        plain = np.flatnonzero(counts[0])
+        plain = _nonzero(counts[0])
         per_row = 0.0
         if plain.size >= 2:
             lo, hi = int(plain[0]), int(plain[-1])
@@ -312,7 +318,7 @@ class GoodputController:
         col = self._nearest_load(counts, n)
         if col is None:
             return None
-        seen = np.flatnonzero(counts[:, col])
+        seen = _nonzero(counts[:, col])
         rows = self.row_costs(max(kmax, int(seen[-1])), load)
         k0 = int(seen[0])
         base = max(float(means[k0, col]) - rows[k0], 0.0)
@@ -345,7 +351,7 @@ class GoodputController:
 
     def _plain_step(self, load: int) -> float | None:
         """Seconds of a plain target step measured at the load nearest `load` (None: none measured)."""
-        loads = np.flatnonzero(self.est.verify_n[0])
+        loads = _nonzero(self.est.verify_n[0])
         if loads.size == 0:
             return None
         return float(self.est.verify_s[0, loads[np.argmin(np.abs(loads - load_key(load)))]])
@@ -365,7 +371,7 @@ class GoodputController:
         """(seconds per drafted token, per caught-up token) of a draft-model call with `batch` requests in it, from
         the fit at the nearest measured batch; where that cannot tell drafting from catching up, the drafting rate
         of the nearest batch that can, and the rest of its calls' time caught up; None: no draft call measured."""
-        fitted = np.flatnonzero(self.est.draft_fit_n)
+        fitted = _nonzero(self.est.draft_fit_n)
         if fitted.size == 0:
             return None
         order = sorted(fitted.tolist(), key=lambda b: abs(b - batch))

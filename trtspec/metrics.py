@@ -312,7 +312,7 @@ class ControllerGauges:
         # copies: other requests' threads and processes update the shared estimates while these are read
         reached, accepted = np.array(est.reached), np.array(est.accepted)
         verify_s, verify_n = np.array(est.verify_s), np.array(est.verify_n)
-        fitted = np.flatnonzero(est.draft_fit_n)
+        fitted = np.flatnonzero(np.array(est.draft_fit_n))
         rates = {int(b): GoodputController(est, None).draft_rates(int(b)) for b in fitted}
         with TRITON_METRICS_LOCK:
             for si, source in enumerate(ESTIMATE_KEYS):
