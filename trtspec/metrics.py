@@ -313,7 +313,8 @@ class ControllerGauges:
         reached, accepted = np.array(est.reached), np.array(est.accepted)
         verify_s, verify_n = np.array(est.verify_s), np.array(est.verify_n)
         fitted = np.flatnonzero(np.array(est.draft_fit_n))
-        rates = {int(b): GoodputController(est, None).draft_rates(int(b)) for b in fitted}
+        view = GoodputController(est, None)  # reads the deployment's estimates; one for every batch
+        rates = {int(b): view.draft_rates(int(b)) for b in fitted}
         with TRITON_METRICS_LOCK:
             for si, source in enumerate(ESTIMATE_KEYS):
                 for i in range(positions):
