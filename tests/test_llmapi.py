@@ -262,6 +262,26 @@ def test_greedy_output_equals_target_only(server, target_only):
 
 
 @pytest.mark.slow
+def test_guided_requests_speculate_and_give_the_target_only_tokens(server):
+    """NVIDIA's guide inputs on the llmapi endpoint: model.yaml sets guided_decoding_backend (the pinned release
+    combines it with DraftTarget), the request's GuidedDecodingParams constrain the output, and the speculative
+    answer is the target-only endpoint's."""
+    pytest.importorskip("xgrammar")
+    prompt = "<|im_start|>user\nWhat is the year after 2024? Answer:<|im_end|>\n<|im_start|>assistant\n"
+    schema = json.dumps({"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]})
+    for guide_type, guide in (("regex", r"\d{4}"), ("json_schema", schema)):
+        g = _client(server).generate(prompt, 24, guided_decoding_guide_type=guide_type, guided_decoding_guide=guide)
+        base = _client(server, "baseline").generate(prompt, 24, guided_decoding_guide_type=guide_type,
+                                                    guided_decoding_guide=guide)
+        assert g.token_ids == base.token_ids, guide_type
+        if guide_type == "json_schema":
+            assert isinstance(json.loads(g.text)["answer"], int), g.text
+        else:
+            assert g.text.strip().isdigit() and len(g.text.strip()) == 4, g.text
+    assert g.stats.total_draft_tokens > 0  # it speculated under the guide
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_streaming_gives_the_same_tokens_in_pieces(server, target_only, protocol):
     chunks = list(_client(server, protocol=protocol).stream(PROMPTS[0], MAX_TOKENS))

@@ -355,6 +355,21 @@ class GuidedRequest:
         """The output the target accepted (always within the grammar: the engine sampled it masked)."""
         self.matcher.advance(new)
 
+    def mask_rows(self, rows: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
+        """The logits rows of `tokens`' positions with what the grammar refuses there at -inf: row i with its state
+        after tokens[:i], the distribution the engine sampled tokens[i] from. Its state is unchanged."""
+        out = np.array(rows, dtype=np.float32, copy=True)
+        n = 0
+        for i, t in enumerate(tokens[: len(out)]):
+            if self.matcher.terminated:
+                break
+            out[i] = self.matcher.mask(out[i])
+            if not self.matcher.accept(t):
+                break
+            n += 1
+        self.matcher.rollback(n)
+        return out
+
 
 # ---------------------------------------------------------------------------------------------- the engine's side
 
