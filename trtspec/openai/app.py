@@ -285,7 +285,9 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
             if not req.wants_log_probs:
                 return None
             decode = lambda t: backend.tokenizer.decode([t])  # noqa: E731
-            tops = [[(decode(a), lp) for a, lp in row] for row in top.rows()[: len(ids)]] if top is not None else None
+            # a token with probability 0 there (refused by a guide: -inf) is no alternative
+            tops = ([[(decode(a), lp) for a, lp in row if lp > float("-inf")] for row in top.rows()[: len(ids)]]
+                    if top is not None else None)
             return reply.logprobs([decode(t) for t in ids], lps, offset, tops)
 
         def per_choice(i: int) -> dict[str, Any]:
