@@ -80,19 +80,26 @@ def test_triton_guide_inputs_map_to_guided_decoding_params():
         parse(base | {"guided_decoding_guide_type": "json"}, why)
 
 
-def test_the_repository_tells_the_endpoint_why_it_refuses_guided_requests(tmp_path):
-    from trtspec.repository import generate_repository
-    from tritonclient.grpc import model_config_pb2 as mc
+@pytest.mark.parametrize("tag,refused", [("1.2.1", False), ("1.1.0", True)])
+def test_the_repository_tells_the_endpoint_why_it_refuses_guided_requests(tmp_path, tag, refused):
+    """EAGLE-3 one-model: on 1.2 both endpoints serve guided requests (guided_decoding_backend in model.yaml); on 1.1
+    the speculative endpoint's config says why it refuses them, and its baseline still serves them."""
     from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
 
-    # the pinned release combines every method: the endpoints serve guided requests and say nothing
-    repo = generate_repository(parse_config({"engine": "llmapi", "target": dict(T), "draft": dict(D),
-                                             "speculative": {"max_draft_len": 4}, "llmapi": {"baseline_endpoint": True}}),
-                               tmp_path / "model_repository")
+    from trtspec.repository import generate_repository
+
+    cfg = parse_config({"engine": "llmapi", "target": dict(T), "draft": dict(D),
+                        "speculative": {"max_draft_len": 4, "method": "eagle3"}, "llmapi": {"baseline_endpoint": True}})
+    repo = generate_repository(cfg, tmp_path / "model_repository", trtllm_version=tag)
     for name in ("ensemble", "baseline"):
         c = text_format.Parse((repo / name / "config.pbtxt").read_text(), mc.ModelConfig())
-        assert serving.GUIDED_REFUSAL not in c.parameters
-        assert "guided_decoding_backend: xgrammar" in (repo / name / "1" / "model.yaml").read_text()
+        serves = name == "baseline" or not refused
+        assert (serving.GUIDED_REFUSAL not in c.parameters) == serves, name
+        assert ("guided_decoding_backend: xgrammar" in (repo / name / "1" / "model.yaml").read_text()) == serves, name
+        if not serves:
+            assert "does not combine guided decoding with speculative.method eagle3 (one-model)" in \
+                c.parameters[serving.GUIDED_REFUSAL].string_value
 
 
 # ------------------------------------------------------------------------------------------ the CPU stand-in
