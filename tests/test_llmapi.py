@@ -163,6 +163,7 @@ def test_dry_run_json_prints_a_valid_model_yaml(example, tmp_path):
 def test_standin_has_the_recorded_api_surface():
     fields = {f.name for f in dataclasses.fields(standin.SamplingParams)}
     assert set(runtime_names("SamplingParams")) == fields
+    assert set(runtime_names("GuidedDecodingParams")) == {f.name for f in dataclasses.fields(standin.GuidedDecodingParams)}
     assert set(runtime_names("LLM.generate_async")) <= set(inspect.signature(standin.LLM.generate_async).parameters)
     out = standin.CompletionOutput()
     assert all(hasattr(out, n) for n in runtime_names("CompletionOutput"))
