@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trtspec.openai.tool_calls import OPEN_TAG, call_id, candidates, scan
 
 
 class JSONSchemaFormat(BaseModel):
@@ -183,26 +184,34 @@ def with_tool_prompt(messages: list[dict[str, Any]], tools: list[Tool]) -> list[
 
 def _call(name: str, arguments: Any) -> dict[str, Any]:
     args = arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {})
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
-
-
-_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+    return {"id": call_id(), "type": "function", "function": {"name": name, "arguments": args}}
 
 
 def parse_tool_calls(p: Plan, text: str) -> list[dict[str, Any]] | None:
-    """The tool calls the output holds (OpenAI's tool_calls), or None: the output is the message's content."""
+    """The tool calls the output holds (OpenAI's tool_calls), or None: the output is the message's content. Each
+    call's arguments are the text the model wrote for them, as a streamed answer sends them (trtspec.openai.tool_calls)."""
     if p.mode == "named":
         return [_call(p.named, text.strip())]
     names = {t.function.name for t in p.tools}
-    candidates = [m.group(1) for m in _TAGGED.finditer(text)] or [text.strip()]
     calls: list[dict[str, Any]] = []
-    for c in candidates:
+    for _, part in candidates(text):
         try:
-            value = json.loads(c)
+            value = json.loads(part)
         except ValueError:
             return None
-        for item in value if isinstance(value, list) else [value]:
+        items = value if isinstance(value, list) else [value]
+        spans = scan(part)
+        if len(spans) != len(items):
+            return None
+        for item, span in zip(items, spans):
             if not isinstance(item, dict) or item.get("name") not in names:
                 return None
-            calls.append(_call(item["name"], item.get("parameters", item.get("arguments"))))
+            calls.append(_call(item["name"], span.arguments(part)))
     return calls or None
+
+
+def content_before_calls(text: str) -> str | None:
+    """An answer's text before its first <tool_call> tag (the message's content beside its calls, as vLLM's
+    Hermes parser returns it); None where there is none."""
+    tag = text.find(OPEN_TAG)
+    return (text[:tag].strip() or None) if tag > 0 else None
