@@ -9,7 +9,7 @@ from conftest import loop_settings
 
 from trtspec.loop import LoopRequest, SpeculativeLoop
 from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors
-from trtspec.controller import Estimates
+from trtspec.estimates import Estimates
 
 
 class Counted:

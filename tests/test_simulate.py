@@ -13,7 +13,8 @@ from trtspec.bench.costs import GpuCosts, Shape
 from trtspec.bench.simulate import run_matrix, simulate
 from trtspec.bench.workload import PROFILES, Policy, constant
 from trtspec.config import AdaptivePolicy
-from trtspec.controller import Estimates, GoodputController
+from trtspec.controller import GoodputController
+from trtspec.estimates import Estimates
 
 H100 = GpuCosts("h100", Shape.known("llama-3.1-8b"), Shape.known("llama-3.2-1b"))
 

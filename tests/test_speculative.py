@@ -6,7 +6,8 @@ from scipy.stats import chisquare
 
 from trtspec.metrics import SpecStats
 from trtspec.drafters import ESTIMATE_KEYS, estimate_key, ngram_match
-from trtspec.controller import MAX_PROBE_BACKOFF, Choice, Estimates, GoodputController
+from trtspec.controller import MAX_PROBE_BACKOFF, Choice, GoodputController
+from trtspec.estimates import Estimates
 from trtspec.speculative import (
     SamplingParams,
     draft_len_at_load,

@@ -1,120 +1,24 @@
 """The goodput controller (draft_length_policy: adaptive): per iteration, the draft source and k, 0 included, with the
 most expected tokens per second of the deployment, from acceptance and engine costs it measures online.
 
-`Estimates` is what it knows, shared by every loop process of a deployment (trtspec.load.SharedEstimates):
-acceptance per position per source, a target step's cost by requests in flight and by the tokens in it, and a draft
-call's cost per drafted and per caught-up token by the requests in it. `GoodputController` is one request's view of
-them. The per-iteration decision that uses it is trtspec.planner's.
+What it knows is trtspec.estimates.Estimates, shared by every loop process of a deployment; `GoodputController` is
+one request's view of them. The per-iteration decision that uses it is trtspec.planner's.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from trtspec.drafters import ESTIMATE_KEYS, SOURCES, source_of
+from trtspec.estimates import MAX_POSITIONS, MAX_STEP_TOKENS, Estimates, load_key, nonzero
 
-MAX_POSITIONS = 64  # SpeculativeConfig.max_draft_len's bound
-MAX_LOAD = 256  # requests in flight (or in one draft call), as a cost-table key (more count as this many)
 ALONE = 1  # the load at which a request's own call time is the whole step's
-MAX_STEP_TOKENS = 4096  # tokens in one target step, as a cost-table key (more count as this many)
 SHARED_MARGIN = 0.03  # the least gain, at a shared load, for which the deployment drafts
 PROBE_SHARE = 0.05  # the most of the deployment's time a source's probes may cost it (their draft calls)
 MAX_PROBE_BACKOFF = 4.0  # failed probes space the next ones out, up to this many times
-
-
-def _layout() -> dict[str, tuple[int, ...]]:
-    s, p, k, n = len(ESTIMATE_KEYS), MAX_POSITIONS, MAX_POSITIONS + 1, MAX_LOAD + 1
-    return {
-        "reached": (s, p),  # drafts from source s whose position i was verified (every earlier one accepted)
-        "accepted": (s, p),  # ... and whose position i was accepted (both decayed: recent drafts weigh more)
-        "verify_s": (k, n),  # seconds of a target call verifying k draft tokens at n in flight (k = 0: a plain step)
-        "verify_n": (k, n),  # how many calls that mean holds
-        # a draft-model call's seconds with n requests in the call, fitted as a * k drafted + c * m caught up (the
-        # tokens it prefills first, beyond the usual 2): weighted sums of k*k, k*m, m*m, k*s, m*s
-        "draft_fit": (n, 5),
-        "draft_fit_n": (n,),
-        "step_s": (MAX_STEP_TOKENS + 1,),  # seconds of a target step by the tokens in it (calls at 2+ in flight)
-        "step_n": (MAX_STEP_TOKENS + 1,),
-        "stepping": (1,),  # tokens in target calls now
-        "costs_version": (1,),  # changes with every cost sample (what Estimates.memo keeps is valid until then)
-        "clock": (1,),  # the deployment's time: every call's seconds shared by the requests in flight
-        "drafting": (2,),  # requests in draft-model calls now, and the tokens those calls catch up on
-        "last_drafted": (s,),  # the clock when source s last drafted, or its acceptance was learnt otherwise
-        "probe_backoff": (s,),  # the probe interval's multiple for source s (0: 1): doubles as its probes fail
-    }
-
-
-ESTIMATES_LAYOUT = _layout()
-ESTIMATES_SIZE = sum(int(np.prod(shape)) for shape in ESTIMATES_LAYOUT.values())
-
-
-class Estimates:
-    """What the controller knows about the deployment: acceptance per position per source, and measured costs.
-
-    Views into one float64 buffer, so that trtspec.load.SharedEstimates can put it in shared memory for every
-    loop process of a server; here, by default, a private buffer. `locked()` guards read-modify-write updates."""
-
-    def __init__(self, buffer: np.ndarray | None = None):
-        self.buffer = np.zeros(ESTIMATES_SIZE) if buffer is None else buffer
-        offset = 0
-        for name, shape in ESTIMATES_LAYOUT.items():
-            size = int(np.prod(shape))
-            setattr(self, name, self.buffer[offset : offset + size].reshape(shape))
-            offset += size
-
-    def locked(self) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
-
-    def memo(self, key: tuple, compute: Callable[[], Any]) -> Any:
-        """`compute()`, kept until the measured costs change (`costs_version`): every request of a step prices the
-        same costs, and pricing them is most of a decision's time."""
-        version = float(self.costs_version[0])
-        if getattr(self, "_memo_version", None) != version:
-            self._memo, self._memo_version = {}, version
-        if key not in self._memo:
-            self._memo[key] = compute()
-        return self._memo[key]
-
-    @contextlib.contextmanager
-    def draft_call(self, missed: int = 0) -> Iterator[list[int]]:
-        """Counts a draft-model call, which catches up on `missed` tokens, for its duration; yields [requests, tokens
-        caught up]: the most that were in draft-model calls at once during it (its own included), the batch the
-        draft engine could run and the prefill that batch carried."""
-        extra = max(0, missed - 2)
-        with self.locked():
-            self.drafting += (1, extra)
-            batch = [int(x) for x in self.drafting]
-        try:
-            yield batch
-        finally:
-            with self.locked():
-                batch[:] = [max(a, int(b)) for a, b in zip(batch, self.drafting)]
-                self.drafting -= (1, extra)
-
-
-    @contextlib.contextmanager
-    def target_call(self, tokens: int) -> Iterator[list[int]]:
-        """Counts a target call's `tokens` for its duration; yields a list whose one item becomes the most tokens
-        that were in target calls at once during it (its own included): what the step it ran in held."""
-        with self.locked():
-            self.stepping[0] += tokens
-            held = [int(self.stepping[0])]
-        try:
-            yield held
-        finally:
-            with self.locked():
-                held[0] = max(held[0], int(self.stepping[0]))
-                self.stepping[0] -= tokens
-
-
-def _nonzero(shared: np.ndarray) -> np.ndarray:
-    """np.flatnonzero of a copy: another loop process may update the shared estimates while they are read, and
-    numpy's nonzero fails when the count changes under it."""
-    return np.flatnonzero(np.array(shared))
 
 
 def _mean_update(means: np.ndarray, counts: np.ndarray, index: tuple, value: float, smoothing: float) -> None:
@@ -133,10 +37,6 @@ def _through_nearest_two(values: list[float], measured: list[int], k: int) -> fl
 def _needs_draft_model(key: str) -> bool:
     """An estimate key's source drafts with an engine call (its cost is measured; prompt lookup's is none)."""
     return SOURCES[source_of(key)].needs_draft_model
-
-
-def load_key(in_flight: int) -> int:
-    return int(min(max(in_flight, 1), MAX_LOAD))
 
 
 @dataclass(frozen=True)
@@ -201,7 +101,7 @@ class GoodputController:
     @staticmethod
     def _nearest_load(counts: np.ndarray, n: int) -> int | None:
         """The load nearest n with any k measured (n itself first); None if there is none."""
-        loads = _nonzero(counts.any(axis=0))
+        loads = nonzero(counts.any(axis=0))
         return None if loads.size == 0 else int(loads[np.argmin(np.abs(loads - n))])
 
     @classmethod
@@ -257,7 +157,7 @@ class GoodputController:
         `load` to load * (1 + kmax) tokens): the slope of the steps measured by the tokens in them, through the
         measured steps between half the load's tokens and the most a drafting batch would hold (least squares).
         Memory-bound steps read draft rows as nearly free; compute-bound ones price each. 0 when unmeasured."""
-        tokens = _nonzero(self.est.step_n)
+        tokens = nonzero(self.est.step_n)
         n = load_key(load)
         near = tokens[(tokens >= max(1, n // 2)) & (tokens <= max(2 * n, n * (1 + kmax)))]
         if near.size < 2:
@@ -277,7 +177,7 @@ class GoodputController:
         n = load_key(load)
         if n == ALONE:
             return None
-        tokens = _nonzero(self.est.step_n)
+        tokens = nonzero(self.est.step_n)
         near = tokens[(tokens >= max(1, n // 2)) & (tokens <= 2 * n * (1 + kmax))]
         if near.size < 2 or near[-1] < n:
             return None
@@ -307,7 +207,7 @@ class GoodputController:
         """Seconds one more request in flight adds to a plain step: between the lightest and heaviest measured
         loads, or `near` a load (the slope through the plain steps measured from half to twice it, where at least
         two were; else the former). 0: fewer than two loads measured."""
-        means, plain = self.est.verify_s, _nonzero(self.est.verify_n[0])
+        means, plain = self.est.verify_s, nonzero(self.est.verify_n[0])
         if plain.size < 2:
             return 0.0
         if near is not None:
@@ -333,7 +233,7 @@ class GoodputController:
         col = self._nearest_load(counts, n)
         if col is None:
             return None
-        seen = _nonzero(counts[:, col])
+        seen = nonzero(counts[:, col])
         rows = self.row_costs(max(kmax, int(seen[-1])), load)
         k0 = int(seen[0])
         base = max(float(means[k0, col]) - rows[k0], 0.0)
@@ -366,7 +266,7 @@ class GoodputController:
 
     def _plain_step(self, load: int) -> float | None:
         """Seconds of a plain target step measured at the load nearest `load` (None: none measured)."""
-        loads = _nonzero(self.est.verify_n[0])
+        loads = nonzero(self.est.verify_n[0])
         if loads.size == 0:
             return None
         return float(self.est.verify_s[0, loads[np.argmin(np.abs(loads - load_key(load)))]])
@@ -386,7 +286,7 @@ class GoodputController:
         """(seconds per drafted token, per caught-up token) of a draft-model call with `batch` requests in it, from
         the fit at the nearest measured batch; where that cannot tell drafting from catching up, the drafting rate
         of the nearest batch that can, and the rest of its calls' time caught up; None: no draft call measured."""
-        fitted = _nonzero(self.est.draft_fit_n)
+        fitted = nonzero(self.est.draft_fit_n)
         if fitted.size == 0:
             return None
         order = sorted(fitted.tolist(), key=lambda b: abs(b - batch))

@@ -27,7 +27,7 @@ from trtspec.guided import GuidedRequest, GuidedSettings
 from trtspec.logprobs import TopLogProbs
 from trtspec.metrics import SpecStats
 from trtspec.planner import Planner, RequestPolicy
-from trtspec.controller import Estimates
+from trtspec.estimates import Estimates
 from trtspec.speculative import find_stop
 from trtspec.triton_io import to_words_list
 

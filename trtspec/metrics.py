@@ -276,7 +276,7 @@ CONTROLLER_CATCHUP_GAUGE = "trtspec_controller_catchup_seconds_per_token"
 
 
 class ControllerGauges:
-    """The goodput controller's current estimates (trtspec.controller.Estimates, shared by the deployment's loop
+    """The goodput controller's current estimates (trtspec.estimates.Estimates, shared by the deployment's loop
     processes) as Triton gauges: why it chose the k it chose. Acceptance per draft position per source (given every
     earlier position was accepted), the measured seconds of a verify call by draft length and requests in flight,
     and a draft-model call's fitted seconds per drafted and per caught-up token by requests in the call; only
@@ -304,7 +304,7 @@ class ControllerGauges:
         self._metrics[key].set(float(value))
 
     def update(self, est: Any, positions: int) -> None:
-        """`est`: trtspec.controller.Estimates; `positions`: draft positions to report (max_draft_len)."""
+        """`est`: trtspec.estimates.Estimates; `positions`: draft positions to report (max_draft_len)."""
         now = time.monotonic()
         if now - self._sent_at < self.MIN_INTERVAL_S:
             return

@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 
 from trtspec.drafters import SELECTIONS, SOURCES, Proposal, estimate_key
 from trtspec.metrics import SpecStats
-from trtspec.controller import Choice, Estimates, GoodputController
+from trtspec.controller import Choice, GoodputController
+from trtspec.estimates import Estimates
 from trtspec.speculative import draft_len_at_load, fixed_draft_len, plain_run
 
 # (source, running sequence, k) -> its proposal: the sources that need no engine call

@@ -26,7 +26,7 @@ import numpy as np
 from trtspec.bench.costs import Costs
 from trtspec.bench.workload import Acceptance, CellResult, Policy, Schedule, SyntheticRequest
 from trtspec.config import AdaptivePolicy, SpeculativeConfig
-from trtspec.controller import Estimates
+from trtspec.estimates import Estimates
 from trtspec.planner import Planner, RequestPolicy
 
 

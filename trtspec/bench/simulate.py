@@ -24,7 +24,7 @@ from trtspec.bench.overlapped import simulate_overlapped
 from trtspec.bench.workload import (PROFILES, Acceptance, CellResult, Policy, Schedule, SyntheticRequest, constant,
                                     ramp)
 from trtspec.config import SpeculativeConfig
-from trtspec.controller import Estimates
+from trtspec.estimates import Estimates
 from trtspec.planner import Planner, RequestPolicy
 
 @dataclass

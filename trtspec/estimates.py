@@ -1,0 +1,112 @@
+"""What the goodput controller (trtspec.controller) knows about a deployment, shared by every loop process of it
+(trtspec.load.SharedEstimates): acceptance per position per source, a target step's cost by requests in flight and
+by the tokens in it, a draft call's cost per drafted and per caught-up token by the requests in it, and the counts
+of calls in progress that tell a call which others it ran with."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from trtspec.drafters import ESTIMATE_KEYS
+
+MAX_POSITIONS = 64  # SpeculativeConfig.max_draft_len's bound
+MAX_LOAD = 256  # requests in flight (or in one draft call), as a cost-table key (more count as this many)
+MAX_STEP_TOKENS = 4096  # tokens in one target step, as a cost-table key (more count as this many)
+
+
+def _layout() -> dict[str, tuple[int, ...]]:
+    s, p, k, n = len(ESTIMATE_KEYS), MAX_POSITIONS, MAX_POSITIONS + 1, MAX_LOAD + 1
+    return {
+        "reached": (s, p),  # drafts from source s whose position i was verified (every earlier one accepted)
+        "accepted": (s, p),  # ... and whose position i was accepted (both decayed: recent drafts weigh more)
+        "verify_s": (k, n),  # seconds of a target call verifying k draft tokens at n in flight (k = 0: a plain step)
+        "verify_n": (k, n),  # how many calls that mean holds
+        # a draft-model call's seconds with n requests in the call, fitted as a * k drafted + c * m caught up (the
+        # tokens it prefills first, beyond the usual 2): weighted sums of k*k, k*m, m*m, k*s, m*s
+        "draft_fit": (n, 5),
+        "draft_fit_n": (n,),
+        "step_s": (MAX_STEP_TOKENS + 1,),  # seconds of a target step by the tokens in it (calls at 2+ in flight)
+        "step_n": (MAX_STEP_TOKENS + 1,),
+        "stepping": (1,),  # tokens in target calls now
+        "costs_version": (1,),  # changes with every cost sample (what Estimates.memo keeps is valid until then)
+        "clock": (1,),  # the deployment's time: every call's seconds shared by the requests in flight
+        "drafting": (2,),  # requests in draft-model calls now, and the tokens those calls catch up on
+        "last_drafted": (s,),  # the clock when source s last drafted, or its acceptance was learnt otherwise
+        "probe_backoff": (s,),  # the probe interval's multiple for source s (0: 1): doubles as its probes fail
+    }
+
+
+ESTIMATES_LAYOUT = _layout()
+ESTIMATES_SIZE = sum(int(np.prod(shape)) for shape in ESTIMATES_LAYOUT.values())
+
+
+class Estimates:
+    """What the controller knows about the deployment: acceptance per position per source, and measured costs.
+
+    Views into one float64 buffer, so that trtspec.load.SharedEstimates can put it in shared memory for every
+    loop process of a server; here, by default, a private buffer. `locked()` guards read-modify-write updates."""
+
+    def __init__(self, buffer: np.ndarray | None = None):
+        self.buffer = np.zeros(ESTIMATES_SIZE) if buffer is None else buffer
+        offset = 0
+        for name, shape in ESTIMATES_LAYOUT.items():
+            size = int(np.prod(shape))
+            setattr(self, name, self.buffer[offset : offset + size].reshape(shape))
+            offset += size
+
+    def locked(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def memo(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """`compute()`, kept until the measured costs change (`costs_version`): every request of a step prices the
+        same costs, and pricing them is most of a decision's time."""
+        version = float(self.costs_version[0])
+        if getattr(self, "_memo_version", None) != version:
+            self._memo, self._memo_version = {}, version
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    @contextlib.contextmanager
+    def draft_call(self, missed: int = 0) -> Iterator[list[int]]:
+        """Counts a draft-model call, which catches up on `missed` tokens, for its duration; yields [requests, tokens
+        caught up]: the most that were in draft-model calls at once during it (its own included), the batch the
+        draft engine could run and the prefill that batch carried."""
+        extra = max(0, missed - 2)
+        with self.locked():
+            self.drafting += (1, extra)
+            batch = [int(x) for x in self.drafting]
+        try:
+            yield batch
+        finally:
+            with self.locked():
+                batch[:] = [max(a, int(b)) for a, b in zip(batch, self.drafting)]
+                self.drafting -= (1, extra)
+
+
+    @contextlib.contextmanager
+    def target_call(self, tokens: int) -> Iterator[list[int]]:
+        """Counts a target call's `tokens` for its duration; yields a list whose one item becomes the most tokens
+        that were in target calls at once during it (its own included): what the step it ran in held."""
+        with self.locked():
+            self.stepping[0] += tokens
+            held = [int(self.stepping[0])]
+        try:
+            yield held
+        finally:
+            with self.locked():
+                held[0] = max(held[0], int(self.stepping[0]))
+                self.stepping[0] -= tokens
+
+
+def nonzero(shared: np.ndarray) -> np.ndarray:
+    """np.flatnonzero of a copy: another loop process may update the shared estimates while they are read, and
+    numpy's nonzero fails when the count changes under it."""
+    return np.flatnonzero(np.array(shared))
+
+
+def load_key(in_flight: int) -> int:
+    return int(min(max(in_flight, 1), MAX_LOAD))
