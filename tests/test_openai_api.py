@@ -44,12 +44,13 @@ def test_stop_matcher_releases_held_text_at_the_end() -> None:
 
 
 def test_bad_request_errors_from_triton_are_400() -> None:
-    from trtspec.openai.backend import _triton_error
-    from trtspec.triton_io import BAD_REQUEST
+    from trtspec.contract import RequestError
+    from trtspec.contract.errors import encode
+    from trtspec.openai.backend import openai_error
 
-    e = _triton_error(f"in ensemble 'ensemble', {BAD_REQUEST}text_input is empty")
+    e = openai_error(f"in ensemble 'ensemble', {encode(RequestError('text_input is empty'))}")
     assert e.status == 400 and e.message == "text_input is empty"
-    assert _triton_error("speculative loop: engine died").status == 500
+    assert openai_error("speculative loop: engine died").status == 500
 
 
 # ------------------------------------------------------------------------------------------ a real server

@@ -62,7 +62,8 @@ class Generation:
         return self.stats.acceptance_rate
 
 
-def _stats(values: dict[str, Any]) -> SpecStats | None:
+def response_stats(values: dict[str, Any]) -> SpecStats | None:
+    """The statistics of a response's outputs (name -> array or None); None when it carries none."""
     return SpecStats.from_wire(values) if any(values.get(n) is not None for n in STAT_NAMES) else None
 
 
@@ -193,7 +194,7 @@ def grpc_chunk(result: Any, t: float) -> Chunk | None:
         text.decode("utf-8") if isinstance(text, bytes) else str(text),
         [int(x) for x in np.asarray(values.pop("output_ids")).reshape(-1)],
         t,
-        _stats(values),
+        response_stats(values),
         log_probs(result.as_numpy("output_log_probs")),
         top_log_probs(result.as_numpy),
     )
@@ -219,7 +220,7 @@ def _chunk(body: dict[str, Any], top_n: int = 0) -> Chunk:
     ids = body.get("output_ids", [])
     ids = ids if isinstance(ids, list) else [ids]
     top = top_log_probs(lambda k: None if k not in body else np.asarray(body[k]).reshape(-1, top_n)) if top_n else None
-    return Chunk(body.get("text_output", ""), [int(x) for x in np.asarray(ids).reshape(-1)], time.perf_counter(), _stats(body),
+    return Chunk(body.get("text_output", ""), [int(x) for x in np.asarray(ids).reshape(-1)], time.perf_counter(), response_stats(body),
                  log_probs(body.get("output_log_probs")), top)
 
 

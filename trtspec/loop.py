@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from trtspec.config import SpeculativeConfig
-from trtspec.contract import REQUEST_FIELDS, RequestError
+from trtspec.contract import REQUEST_FIELDS, EngineCallError, RequestError
 from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target
 from trtspec.guided import GuidedRequest, GuidedSettings
 from trtspec.logprobs import TopLogProbs
@@ -33,15 +33,6 @@ from trtspec.triton_io import to_words_list
 
 # (model name, input tensors, requested outputs) -> output tensors; raises EngineCallError on failure
 EngineCall = Callable[[str, Mapping[str, np.ndarray], list[str]], Mapping[str, np.ndarray]]
-
-
-class EngineCallError(RuntimeError):
-    pass
-
-
-#: in the error of an engine call whose model process died during the call (trtspec.triton.callees); the OpenAI
-#: API answers it, like Triton's "Stub process ... is not healthy", with a retryable 503
-PROCESS_DIED = "its model process died"
 
 
 LoopRequestError = RequestError

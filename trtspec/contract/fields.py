@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from trtspec.contract.errors import RequestError
 from trtspec.drafters import SELECTIONS
 
 DRAFT_LENGTH_POLICIES = ("fixed", "adaptive")
@@ -29,10 +30,6 @@ GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 # Triton data types used here -> numpy
 NUMPY = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "FP16": np.float16, "UINT8": np.uint8,
          "BOOL": np.bool_, "STRING": np.object_}
-
-
-class RequestError(ValueError):
-    """A bad request: the client gets this message as an error response, the server stays up."""
 
 
 Check = Callable[[Any], "str | None"]  # value -> what is wrong with it, or None

@@ -10,7 +10,6 @@ called directly, sees the cancellation and stops. It also gives the prompt's tok
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +17,15 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
-from trtspec.client import STAT_NAMES, Chunk, _stats, infer_input, log_probs, top_log_probs
+from trtspec.client import STAT_NAMES, Chunk, infer_input, log_probs, response_stats, top_log_probs
 from trtspec.contract import REQUEST_FIELDS, RequestError, field_by_name
-from trtspec.loop import PROCESS_DIED, LoopSettings
+from trtspec.contract.errors import ErrorKind, decode
+from trtspec.loop import LoopSettings
 from trtspec.openai.protocol import OpenAIError
 from trtspec.repository import BASELINE, BASELINE_LOOP, ENSEMBLE, LOOP, list_models
 from trtspec.text import TextCodec
 from trtspec.openai.structured import Tool, with_tool_prompt
-from trtspec.triton_io import BAD_REQUEST, to_words_list
+from trtspec.triton_io import to_words_list
 
 PREPROCESSING, POSTPROCESSING = "preprocessing", "postprocessing"
 
@@ -192,18 +192,18 @@ class TritonStream:
             try:
                 result, error = await self._responses.__anext__()
             except InferenceServerException as e:
-                raise _triton_error(e.message()) from None
+                raise openai_error(e.message()) from None
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.UNAVAILABLE:
                     raise unavailable(f"lost the connection to Triton at {self._url}: {e.details()}") from None
                 raise OpenAIError(500, f"Triton at {self._url}: {e.details()}") from None
             if error is not None:
-                raise _triton_error(error.message())
+                raise openai_error(error.message())
             t = time.perf_counter()
             if result.as_numpy("output_ids") is None:
                 continue  # an empty final response
             ids, prefix = ([int(x) for x in result.as_numpy(n).reshape(-1)] for n in ("output_ids", "prefix_ids"))
-            stats = _stats({k: result.as_numpy(k) for k in STAT_NAMES})
+            stats = response_stats({k: result.as_numpy(k) for k in STAT_NAMES})
             return Chunk(self._detokenize(prefix, ids), ids, t, stats, log_probs(result.as_numpy("output_log_probs")),
                          top_log_probs(result.as_numpy))
 
@@ -211,9 +211,6 @@ class TritonStream:
         self._responses.cancel()
 
 
-#: Triton's Python backend, for a request to a model whose stub process died (python_be.cc), and the loop's, for an
-#: engine call in flight when it died
-DEAD_STUB_RE = re.compile(rf"Stub process '[^']*' is not healthy|{re.escape(PROCESS_DIED)}")
 #: what a client is told to wait before it retries a request that met a dead model process
 RETRY_AFTER_S = 5
 
@@ -224,9 +221,15 @@ def unavailable(message: str) -> OpenAIError:
                        code="service_unavailable", retry_after_s=RETRY_AFTER_S)
 
 
-def _triton_error(message: str) -> OpenAIError:
-    if BAD_REQUEST in message:
-        return OpenAIError(400, message[message.index(BAD_REQUEST) + len(BAD_REQUEST):])
-    if DEAD_STUB_RE.search(message):
+def openai_error(message: str) -> OpenAIError:
+    """The OpenAI API's answer to an error Triton streamed back, by its kind (trtspec.contract.errors)."""
+    kind, detail = decode(message)
+    if kind is ErrorKind.BAD_REQUEST:
+        return OpenAIError(400, detail)
+    if kind is ErrorKind.PROCESS_DIED:
         return unavailable(f"a model process of the deployment died ({message})")
+    if kind is ErrorKind.OVERLOADED:
+        return unavailable(f"the deployment is overloaded ({detail})")
+    if kind is ErrorKind.CANCELLED:
+        return unavailable(f"the deployment cancelled the request ({detail})")
     return OpenAIError(500, f"the deployment failed: {message}")

@@ -20,10 +20,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from trtspec import triton_io as io
-from trtspec.contract import REQUEST_FIELDS, RequestError
+from trtspec.contract import REQUEST_FIELDS, EngineCallError, RequestError
+from trtspec.contract.errors import engine_error
 from trtspec.load import InFlight, SharedEstimates
 from trtspec.logprobs import TopLogProbs
-from trtspec.loop import Step, EngineCallError, LoopRequest, LoopSettings, SpeculativeLoop
+from trtspec.loop import Step, LoopRequest, LoopSettings, SpeculativeLoop
 from trtspec.metrics import ControllerGauges, PrometheusExporter
 from trtspec.text import TextCodec
 from trtspec.triton.callees import CalleeProcesses
@@ -47,7 +48,7 @@ def engine_call(pb_utils: Any, callees: CalleeProcesses | None = None):
         )
         response = request.exec() if callees is None else callees.call(model_name, request.exec)
         if response.has_error():
-            raise EngineCallError(f"{model_name}: {response.error().message()}")
+            raise engine_error(model_name, response.error().message())
         out = {}
         for name in wanted:
             t = pb_utils.get_output_tensor_by_name(response, name)
@@ -197,9 +198,6 @@ class LoopModel:
         tensors = self.response_tensors(req, text, tokens, before, chunk, log_probs, top)
         return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in tensors.items()])
 
-    def _error(self, message: str) -> Any:
-        return self.pb.InferenceResponse(error=self.pb.TritonError(message))
-
     def serve(self, request: Any) -> None:
         final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         sender = request.get_response_sender()
@@ -237,10 +235,10 @@ class LoopModel:
                 # TensorRT-LLM's exclude_input_in_output=false: a non-streamed output starts with the prompt
                 whole = req.prompt + generated if req.exclude_input_in_output is False else generated
                 sender.send(self._response(req, text, whole, [], last, log_probs, TopLogProbs.concat(tops)), flags=final)
-        except RequestError as e:
-            sender.send(self.pb.InferenceResponse(error=io.bad_request(self.pb, e)), flags=final)
+        except RequestError as e:  # the client's: the message names the field, not the model
+            sender.send(self.pb.InferenceResponse(error=io.error(self.pb, e)), flags=final)
         except Exception as e:  # engine failure: report it, keep serving
-            sender.send(self._error(f"{self.name}: {e}"), flags=final)
+            sender.send(self.pb.InferenceResponse(error=io.error(self.pb, e, self.name)), flags=final)
 
 
 def settings_parameter(settings: LoopSettings) -> dict[str, str]:

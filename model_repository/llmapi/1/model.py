@@ -79,7 +79,7 @@ class TritonPythonModel:
             else:
                 sender.send(self._response(output.text, output.token_ids, stats), flags=_FINAL)
         except serving.RequestError as e:
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=_FINAL)
+            sender.send(pb_utils.InferenceResponse(error=io.error(pb_utils, e)), flags=_FINAL)
         except Exception as e:  # the model stays up whatever one request does
             msg = f"llmapi ({self.implementation}): {type(e).__name__}: {e}"
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(msg)), flags=_FINAL)

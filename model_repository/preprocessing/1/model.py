@@ -76,7 +76,7 @@ class TritonPythonModel:
             try:
                 responses.append(self._one(request))
             except io.RequestError as e:
-                responses.append(pb_utils.InferenceResponse(error=io.bad_request(pb_utils, e)))
+                responses.append(pb_utils.InferenceResponse(error=io.error(pb_utils, e)))
             except Exception as e:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"preprocessing: {e}")))
         return responses

@@ -74,8 +74,8 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 self._submit(request, sender, arrival)
-            except (RequestTensorError, QueueFull) as e:
-                _send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))))
+            except (RequestTensorError, QueueFull) as e:  # QueueFull: encoded as overloaded (trtspec.contract.errors)
+                _send(sender, pb_utils.InferenceResponse(error=io.error(pb_utils, e)))
             except Exception as e:  # the model must stay up whatever one request does
                 _send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}")))
         return None
