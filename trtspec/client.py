@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from trtspec.contract import REQUEST_FIELDS, RESPONSE_STATS, field_by_name
+from trtspec.contract.models import ENSEMBLE
 from trtspec.logprobs import TopLogProbs
 from trtspec.metrics import SpecStats
 
@@ -83,7 +84,7 @@ def request_fields(prompt: str, max_tokens: int, stream: bool, **params: Any) ->
 class Client:
     """One deployment endpoint. `model` is `ensemble` (speculative) or `baseline` (target only)."""
 
-    def __init__(self, url: str = "localhost:8000", protocol: str = "http", model: str = "ensemble", timeout: float = 600):
+    def __init__(self, url: str = "localhost:8000", protocol: str = "http", model: str = ENSEMBLE, timeout: float = 600):
         if protocol not in ("http", "grpc"):
             raise ValueError(f"protocol must be http or grpc, got {protocol!r}")
         self.url = url.removeprefix("http://").removeprefix("https://")

@@ -28,6 +28,7 @@ from trtspec.config import BuildConfig, EngineKind, checkpoint_path
 from trtspec.drafters import drafts_in_target
 from trtspec.reference_engine.tensor_io import NEXT_DRAFT_IDS, NEXT_DRAFT_LEN
 from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_OUTPUTS, RESPONSE_STATS, nvidia
+from trtspec.contract.models import BASELINE, BASELINE_LOOP, DRAFT, ENSEMBLE, LOOP, TARGET
 from trtspec.guided import (
     BACKEND as GUIDED_BACKEND, BACKEND_PARAMETER, GUIDE_START, TOKENIZER_INFO_FILE, TOKENIZER_INFO_PARAMETER,
     GuidedSettings, load_tokenizer_info, write_tokenizer_info,
@@ -38,12 +39,6 @@ from trtspec.triton.loop_model import settings_parameter
 
 TEMPLATES = Path(__file__).resolve().parent / "model_repository"
 
-TARGET, DRAFT = "tensorrt_llm", "tensorrt_llm_draft"
-LOOP, BASELINE_LOOP = "speculative", "baseline_loop"
-ENSEMBLE, BASELINE = "ensemble", "baseline"  # the text endpoints (model_repository/text)
-# Where requests enter, each counted once: Triton clients send text to the text endpoints (which run the loop
-# in-process); the OpenAI API sends token ids to the loop models.
-ENTRY_MODELS = (ENSEMBLE, BASELINE, LOOP, BASELINE_LOOP)
 # After a model process dies (trtspec.server.watchdog): the engines are reloaded alone, as only the loop models call
 # them and a loop's call on a dead engine ends at once; the endpoints serve without the draft engine meanwhile.
 RELOADABLE_MODELS, OPTIONAL_MODELS = (TARGET, DRAFT), (DRAFT,)

@@ -18,11 +18,6 @@ from typing import Any, Callable, Iterable, Mapping
 from trtspec.contract import RESPONSE_STATS
 from trtspec.metrics import EMITTED_COUNTER, REQUESTS_COUNTER, SpecStats
 
-# endpoint -> the model that counts its requests: the text endpoints run the loop in-process and count their own
-LOOP_MODEL = {"ensemble": "ensemble", "baseline": "baseline"}
-# the OpenAI API sends token ids to the loop models themselves, which count its requests
-OPENAI_LOOP_MODEL = {"ensemble": "speculative", "baseline": "baseline_loop"}
-
 # counter -> the per-request quantity it must equal the sum of (a statistic of trtspec.contract, or these two)
 COUNTERS = {REQUESTS_COUNTER: "requests", EMITTED_COUNTER: "output_tokens"} | {
     s.counter: s.name for s in RESPONSE_STATS if s.counter and not s.vector
@@ -93,12 +88,14 @@ def per_position(samples: Mapping[Sample, float], name: str, model: str) -> dict
     return out
 
 
-def expected_counts(requests: Iterable[Any], labels: Mapping[str, str] = LOOP_MODEL) -> dict[str, dict[str, Any]]:
-    """Sum of the final per-response stats of the successful requests, per loop model."""
+def expected_counts(requests: Iterable[Any], labels: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Sum of the final per-response stats of the successful requests, per loop model (`labels`: endpoint -> the
+    model that counts its requests, where that is not the endpoint itself)."""
+    labels = labels or {}
     by_model: dict[str, list[Any]] = {}
     for r in requests:
         if r.error is None:
-            by_model.setdefault(labels[r.endpoint], []).append(r)
+            by_model.setdefault(labels.get(r.endpoint, r.endpoint), []).append(r)
     out: dict[str, dict[str, Any]] = {}
     for model, recs in by_model.items():
         total = SpecStats.total(r.stats for r in recs)
@@ -112,7 +109,7 @@ def expected_counts(requests: Iterable[Any], labels: Mapping[str, str] = LOOP_MO
 @dataclass
 class CrossCheck:
     url: str
-    labels: Mapping[str, str] = field(default_factory=lambda: dict(LOOP_MODEL))  # endpoint -> counting model
+    labels: Mapping[str, str] = field(default_factory=dict)  # endpoint -> counting model, where not itself
     before: dict[Sample, float] | None = None
     error: str | None = None
 

@@ -29,13 +29,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
-from trtspec.bench.metrics import LOOP_MODEL, OPENAI_LOOP_MODEL, CrossCheck, default_metrics_url
+from trtspec.bench.metrics import CrossCheck, default_metrics_url
 from trtspec.bench.prompts import Prompt
 from trtspec.client import Chunk, Client, ClientError
 from trtspec.metrics import SpecStats
 from trtspec.triton.loop_model import SETTINGS_PARAMETER
 
-ENSEMBLE, BASELINE = "ensemble", "baseline"
+from trtspec.contract.models import BASELINE, ENSEMBLE, LOOP_OF  # noqa: F401  (the bench's endpoints)
 
 
 class BenchError(Exception):
@@ -520,7 +520,8 @@ def run_bench(settings: BenchSettings, prompts: Sequence[Prompt], progress: Prog
     progress = progress or ProgressSink()
 
     metrics_url = settings.resolved_metrics_url
-    labels = OPENAI_LOOP_MODEL if settings.api == "openai" else LOOP_MODEL
+    # the OpenAI API sends token ids to the loop models, which count its requests; a text endpoint counts its own
+    labels = LOOP_OF if settings.api == "openai" else {}
     check = CrossCheck(metrics_url, labels) if metrics_url else None
     sampler = None
     if settings.profile:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from trtspec.bench import stats as st
-from trtspec.bench.metrics import LOOP_MODEL, MetricsError, Sample, scrape
+from trtspec.bench.metrics import MetricsError, Sample, scrape
 from trtspec.bench.prompts import Prompt
 from trtspec.bench.runner import BASELINE, ENSEMBLE, BenchError, BenchSettings, Cell, RequestRecord, _one_request, check_deployment
 from trtspec.metrics import AFTER_CANCEL_COUNTER, CANCELLED_COUNTER, EMITTED_COUNTER, REQUESTS_COUNTER
@@ -470,10 +470,9 @@ def summarize(run: SoakRun) -> dict[str, Any]:
     server: dict[str, Any] = {}
     # a restart (a fault's recovery) sets Triton's counters back to 0: their differences would mean nothing
     if run.counters_before is not None and run.counters_after is not None and not run.faults:
-        for endpoint in (ENSEMBLE, BASELINE):
-            model = LOOP_MODEL[endpoint]
+        for endpoint in (ENSEMBLE, BASELINE):  # a text endpoint counts its own requests
             server[endpoint] = {
-                name: counter(run.counters_after, name, model) - counter(run.counters_before, name, model)
+                name: counter(run.counters_after, name, endpoint) - counter(run.counters_before, name, endpoint)
                 for name in COUNTERS
             }
     cancelled = sum(m[CANCELLED_COUNTER] for m in server.values()) if server else None

@@ -10,6 +10,7 @@ from rich.table import Table
 from trtspec.client import Client, ClientError
 from trtspec.commands._common import UserError, console, friendly_errors
 from trtspec.contract import field_by_name
+from trtspec.contract.models import BASELINE, ENSEMBLE
 from trtspec.metrics import SpecStats
 
 
@@ -58,7 +59,7 @@ def command(prompt, url, protocol, baseline, model, stream, max_tokens, draft_to
             num_draft_tokens=draft_tokens, draft_source=draft_source, draft_length_policy=draft_length_policy,
             use_draft_logits=draft_logits, top_k=top_k, return_token_ids=True,
         ), dict(temperature=temperature, top_p=top_p, seed=seed, stop=list(stop_words) or None))
-    client = Client(url, protocol, model or ("baseline" if baseline else "ensemble"))
+    client = Client(url, protocol, model or (BASELINE if baseline else ENSEMBLE))
     params = dict(
         num_draft_tokens=draft_tokens, draft_source=draft_source, draft_length_policy=draft_length_policy,
         use_draft_logits=draft_logits,
@@ -88,7 +89,7 @@ def _chat(url: str, prompt: str, baseline: bool, stream: bool, max_tokens: int, 
     base = url if "://" in url else f"http://{url}"
     client = openai.OpenAI(base_url=f"{base.rstrip('/')}/v1", api_key="unused", max_retries=0)
     try:
-        want = "baseline" if baseline else "ensemble"
+        want = BASELINE if baseline else ENSEMBLE
         models = [m.id for m in client.models.list().data if (m.model_extra or {}).get("triton_model") == want]
         if not models:
             raise ClientError(f"the OpenAI API at {url} serves no {want} model: is it `trtspec serve`?")

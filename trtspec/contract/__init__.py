@@ -22,10 +22,12 @@ from trtspec.contract.fields import (
     REQUEST_FIELDS,
     RESPONSE_OUTPUTS,
     RESPONSE_STATS,
+    STAT,
     Output,
     RequestField,
     Stat,
     field_by_name,
+    stat_by_name,
 )
 
 __all__ = [
@@ -41,9 +43,11 @@ __all__ = [
     "REQUEST_FIELDS",
     "RESPONSE_OUTPUTS",
     "RESPONSE_STATS",
+    "STAT",
     "RequestError",
     "Output",
     "RequestField",
     "Stat",
     "field_by_name",
+    "stat_by_name",
 ]

@@ -245,6 +245,23 @@ RESPONSE_STATS: tuple[Stat, ...] = (
 )
 
 
+
+class _StatNames:
+    """The statistics' names as attributes (`STAT.total_draft_tokens` is "total_draft_tokens"): code outside the
+    table names a statistic through it, so a name not in RESPONSE_STATS fails where it is used."""
+
+    def __getattr__(self, name: str) -> str:
+        if any(s.name == name for s in RESPONSE_STATS):
+            return name
+        raise AttributeError(f"{name} is not a statistic of trtspec.contract.RESPONSE_STATS")
+
+
+STAT = _StatNames()
+
+
+def stat_by_name(name: str) -> Stat:
+    return next(s for s in RESPONSE_STATS if s.name == name)
+
 @dataclass(frozen=True)
 class Output:
     """An output trtspec adds to NVIDIA's: sent only to a request that asks for it (as TensorRT-LLM leaves out

@@ -16,7 +16,7 @@ import re
 from typing import Any, Iterator
 
 from trtspec import metrics
-from trtspec.contract import RESPONSE_STATS
+from trtspec.contract import RESPONSE_STATS, STAT, stat_by_name
 
 UID = "trtspec"
 TITLE = "trtspec: speculative decoding on Triton"
@@ -26,7 +26,9 @@ MODEL = '{model=~"$model"}'
 
 
 def _counter(stat: str) -> str:
-    return next(s.counter for s in RESPONSE_STATS if s.name == stat)
+    counter = stat_by_name(stat).counter
+    assert counter is not None, f"{stat} has no Prometheus counter"
+    return counter
 
 
 def _rate(series: str, by: str = "") -> str:
@@ -46,9 +48,9 @@ def _panel(title: str, exprs: list[tuple[str, str]], unit: str = "short", descri
 
 
 def _speculation() -> list[dict[str, Any]]:
-    accepted, proposed = _counter("total_accepted_draft_tokens"), _counter("total_draft_tokens")
-    iterations, drafts = _counter("num_iterations"), _counter("num_drafts")
-    per_pos_acc, per_pos_prop = _counter("accepted_per_position"), _counter("proposed_per_position")
+    accepted, proposed = _counter(STAT.total_accepted_draft_tokens), _counter(STAT.total_draft_tokens)
+    iterations, drafts = _counter(STAT.num_iterations), _counter(STAT.num_drafts)
+    per_pos_acc, per_pos_prop = _counter(STAT.accepted_per_position), _counter(STAT.proposed_per_position)
     panels = [
         _panel("Acceptance rate", [(f"{_rate(accepted, 'model')} / {_rate(proposed, 'model')}", "{{model}}")], "percentunit",
                "accepted ÷ proposed draft tokens"),
@@ -59,11 +61,11 @@ def _speculation() -> list[dict[str, Any]]:
                                            "{{model}}")], "short", "accepted draft tokens + the target's own, per verify step"),
         _panel("Iterations without a draft, and why",
                [(f"{_rate(iterations, 'model')} - {_rate(drafts, 'model')}", "{{model}} no draft (any reason)"),
-                (_rate(_counter("load_paused_iterations"), "model"), "{{model}} paused for load (max_concurrency, schedule)"),
-                (_rate(_counter("draft_fallbacks"), "model"), "{{model}} draft call failed")], "ops"),
-        _panel("Accepted draft tokens by source", [(_rate(_counter("accepted_by_source"), "model, source"), "{{model}} {{source}}")], "ops"),
+                (_rate(_counter(STAT.load_paused_iterations), "model"), "{{model}} paused for load (max_concurrency, schedule)"),
+                (_rate(_counter(STAT.draft_fallbacks), "model"), "{{model}} draft call failed")], "ops"),
+        _panel("Accepted draft tokens by source", [(_rate(_counter(STAT.accepted_by_source), "model, source"), "{{model}} {{source}}")], "ops"),
     ]
-    by_len = next((s for s in RESPONSE_STATS if s.name == "draft_len_counts" and s.counter), None)
+    by_len = next((s for s in RESPONSE_STATS if s.name == STAT.draft_len_counts and s.counter), None)
     if by_len is not None:
         panels.append(_panel("Draft length chosen", [(_rate(by_len.counter, f"model, {by_len.label}"), f"{{{{model}}}} k={{{{{by_len.label}}}}}")],
                              "ops", "iterations by the draft length the controller chose (0: a plain target step)"))

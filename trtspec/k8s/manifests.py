@@ -28,7 +28,7 @@ from trtspec.config import BuildConfig, EngineKind
 from trtspec.k8s import dashboard
 from trtspec.k8s.topology import GPU_PRODUCT_LABEL, GPU_RESOURCE, K8sError, Topology
 from trtspec.openai.auth import API_KEY_ENV
-from trtspec.repository import ENTRY_MODELS
+from trtspec.contract.models import ENTRY_MODELS
 from trtspec.server import ServerOptions
 from trtspec.server.health import DEFAULT_HEALTH_PORT
 

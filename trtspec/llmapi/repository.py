@@ -10,6 +10,7 @@ import yaml
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trtspec.config import BuildConfig, LlmapiConfig, checkpoint_path
+from trtspec.contract.models import BASELINE, ENSEMBLE
 from trtspec.llmapi import model_yaml
 from trtspec.methods import METHODS
 
@@ -34,7 +35,6 @@ def endpoint_config(base: mc.ModelConfig, name: str, max_batch_size: int) -> mc.
 def model_yamls(cfg: BuildConfig, draft_dir: Path | None = None, version: str | None = None,
                 kv_fraction: float | None = None) -> dict[str, dict]:
     """model.yaml per endpoint. `draft_dir`: the draft to load (an FP8 export), default the config's draft."""
-    from trtspec.repository import BASELINE, ENSEMBLE
 
     target = checkpoint_path(cfg, "target").resolve()
     if draft_dir is None and cfg.draft is not None and METHODS[cfg.speculative.method].draft is not None:

@@ -14,12 +14,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trtspec.contract import REQUEST_FIELDS, RequestError
+from trtspec.contract import REQUEST_FIELDS, STAT, RequestError
 from trtspec.metrics import SpecStats
 
 # the statistics TensorRT-LLM reports per request (trtspec.contract names); the others have no source there
-REPORTED_STATS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_iterations",
-                  "acceptance_derived")
+REPORTED_STATS = (STAT.acceptance_rate, STAT.total_accepted_draft_tokens, STAT.total_draft_tokens, STAT.num_iterations,
+                  STAT.acceptance_derived)
 
 Getter = Callable[[str], Any]  # (input name) -> python scalar, list of str, or None
 

@@ -21,6 +21,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trtspec.client import request_fields
+from trtspec.contract import STAT
 from trtspec.logprobs import TopLogProbs
 from trtspec.metrics import SpecStats
 from trtspec.openai.backend import TritonBackend, TritonStream, unavailable
@@ -278,7 +279,7 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
             if len(outs) == 1:
                 return outs[0].stats
             total = SpecStats.total(SpecStats.from_wire(o.stats) for o in outs)
-            return total.to_wire() | {"acceptance_rate": total.acceptance_rate}
+            return total.to_wire() | {STAT.acceptance_rate: total.acceptance_rate}
 
         def token_logprobs(ids: list[int], lps: list[float], offset: int, top: TopLogProbs | None) -> dict[str, Any] | None:
             if not req.wants_log_probs:

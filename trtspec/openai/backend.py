@@ -22,12 +22,11 @@ from trtspec.contract import REQUEST_FIELDS, RequestError, field_by_name
 from trtspec.contract.errors import ErrorKind, decode
 from trtspec.loop import LoopSettings
 from trtspec.openai.protocol import OpenAIError
-from trtspec.repository import BASELINE, BASELINE_LOOP, ENSEMBLE, LOOP, list_models
+from trtspec.contract.models import BASELINE, ENSEMBLE, LOOP, LOOP_OF, POSTPROCESSING, PREPROCESSING
+from trtspec.repository import list_models
 from trtspec.text import TextCodec
 from trtspec.openai.structured import Tool, with_tool_prompt
 from trtspec.triton_io import to_words_list
-
-PREPROCESSING, POSTPROCESSING = "preprocessing", "postprocessing"
 
 
 class DeploymentError(Exception):
@@ -76,7 +75,7 @@ class Deployment:
             tokenizer_dir=pre["tokenizer_dir"],
             add_special_tokens=pre.get("add_special_tokens", "false").lower() == "true",
             skip_special_tokens=post.get("skip_special_tokens", "true").lower() == "true",
-            loops={ENSEMBLE: LOOP, BASELINE: BASELINE_LOOP},
+            loops=dict(LOOP_OF),
             loop_inputs={f.name: f.loop_input for f in REQUEST_FIELDS if f.loop_input is not None},
         )
 
