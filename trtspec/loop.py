@@ -56,6 +56,13 @@ class LoopSettings(BaseModel):
         return self.engine_input_names.get(name, name)
 
 
+SETTINGS_PARAMETER = "loop_settings"  # the loop model's one parameter: LoopSettings as JSON
+
+
+def settings_parameter(settings: LoopSettings) -> dict[str, str]:
+    return {SETTINGS_PARAMETER: settings.model_dump_json()}
+
+
 @dataclass
 class LoopRequest:
     """A request as the loop sees it; field names are the request fields' (trtspec.contract)."""

@@ -24,7 +24,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtspec.config import BuildConfig, EngineKind, checkpoint_path
+from trtspec.config import BuildConfig, EngineKind, checkpoint_path, plan_max_num_tokens
 from trtspec.drafters import drafts_in_target
 from trtspec.reference_engine.tensor_io import NEXT_DRAFT_IDS, NEXT_DRAFT_LEN
 from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_OUTPUTS, RESPONSE_STATS, nvidia
@@ -33,20 +33,13 @@ from trtspec.guided import (
     BACKEND as GUIDED_BACKEND, BACKEND_PARAMETER, GUIDE_START, TOKENIZER_INFO_FILE, TOKENIZER_INFO_PARAMETER,
     GuidedSettings, load_tokenizer_info, write_tokenizer_info,
 )
-from trtspec.loop import LoopSettings
-from trtspec.pipeline.preflight import plan_max_num_tokens
-from trtspec.triton.loop_model import settings_parameter
+from trtspec.llmapi.repository import write_llmapi_models
+from trtspec.loop import LoopSettings, settings_parameter
+from trtspec.repository_reader import RepositoryError, read_repository
 
 TEMPLATES = Path(__file__).resolve().parent / "model_repository"
 
-# After a model process dies (trtspec.server.watchdog): the engines are reloaded alone, as only the loop models call
-# them and a loop's call on a dead engine ends at once; the endpoints serve without the draft engine meanwhile.
-RELOADABLE_MODELS, OPTIONAL_MODELS = (TARGET, DRAFT), (DRAFT,)
 TEXT = "text"
-
-
-class RepositoryError(Exception):
-    pass
 
 
 def load_template(model: str) -> mc.ModelConfig:
@@ -317,10 +310,9 @@ def generate_repository(
     partial.mkdir(parents=True)
     try:
         if cfg.engine is EngineKind.llmapi:
-            from trtspec.llmapi.repository import write_llmapi_models
-
-            w = _Writer(cfg, partial)
-            write_llmapi_models(cfg, partial, w.write, load_template(TEXT), draft_dir=draft_engine_dir,
+            w, base = _Writer(cfg, partial), load_template(TEXT)
+            endpoint_io(base)
+            write_llmapi_models(cfg, partial, w.write, base, draft_dir=draft_engine_dir,
                                 version=version, kv_fraction=fractions.get("target"))
         else:
             _write_models(cfg, partial, version, fractions, target_engine_dir, draft_engine_dir, kernel_dir,
@@ -389,6 +381,4 @@ def _write_models(
 
 def list_models(repo: Path) -> dict[str, mc.ModelConfig]:
     """Every model of a repository, parsed (used by `serve` and the tests)."""
-    from trtspec.server.launch import read_repository
-
     return {m.path.name: m.config for m in read_repository(repo) if m.config is not None}

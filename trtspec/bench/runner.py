@@ -33,7 +33,7 @@ from trtspec.bench.metrics import CrossCheck, default_metrics_url
 from trtspec.bench.prompts import Prompt
 from trtspec.client import Chunk, Client, ClientError
 from trtspec.metrics import SpecStats
-from trtspec.triton.loop_model import SETTINGS_PARAMETER
+from trtspec.loop import SETTINGS_PARAMETER
 
 from trtspec.contract.models import BASELINE, ENSEMBLE, LOOP_OF  # noqa: F401  (the bench's endpoints)
 

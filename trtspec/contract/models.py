@@ -15,3 +15,6 @@ PREPROCESSING, POSTPROCESSING = "preprocessing", "postprocessing"
 ENTRY_MODELS = (ENSEMBLE, BASELINE, LOOP, BASELINE_LOOP)
 #: text endpoint -> the loop model that serves the same requests as token ids
 LOOP_OF = {ENSEMBLE: LOOP, BASELINE: BASELINE_LOOP}
+# After a model process dies (trtspec.server.watchdog): the engines are reloaded alone, as only the loop models call
+# them and a loop's call on a dead engine ends at once; the endpoints serve without the draft engine meanwhile.
+RELOADABLE_MODELS, OPTIONAL_MODELS = (TARGET, DRAFT), (DRAFT,)

@@ -18,14 +18,12 @@ MODEL_PY = Path(__file__).resolve().parent.parent / "model_repository" / "llmapi
 
 
 def endpoint_config(base: mc.ModelConfig, name: str, max_batch_size: int) -> mc.ModelConfig:
-    from trtspec.repository import endpoint_io
-
+    """`base`: the text endpoint's config, with its declared tensors (trtspec.repository.endpoint_io)."""
     c = mc.ModelConfig()
     c.CopyFrom(base)
     c.name, c.platform, c.backend = name, "", "python"
     c.max_batch_size = max_batch_size
     c.ClearField("ensemble_scheduling")
-    endpoint_io(c)
     c.model_transaction_policy.decoupled = True
     del c.instance_group[1:]  # one instance: the LLM places itself on its GPUs
     c.instance_group[0].count = 1
@@ -46,7 +44,7 @@ def model_yamls(cfg: BuildConfig, draft_dir: Path | None = None, version: str | 
 
 
 def write_llmapi_models(cfg: BuildConfig, root: Path, write, base: mc.ModelConfig, **yaml_args) -> None:
-    """`write(config, model_py)` is the repository writer's; `base` the ensemble template."""
+    """`write(config, model_py)` is the repository writer's; `base` the text endpoint's config (endpoint_config)."""
     for name, doc in model_yamls(cfg, **yaml_args).items():
         write(endpoint_config(base, name, cfg.limits.max_batch_size), MODEL_PY)
         (root / name / "1" / "model.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))

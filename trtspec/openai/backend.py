@@ -20,7 +20,7 @@ import numpy as np
 from trtspec.client import STAT_NAMES, Chunk, infer_input, log_probs, response_stats, top_log_probs
 from trtspec.contract import REQUEST_FIELDS, RequestError, field_by_name
 from trtspec.contract.errors import ErrorKind, decode
-from trtspec.loop import LoopSettings
+from trtspec.loop import SETTINGS_PARAMETER, LoopSettings
 from trtspec.openai.protocol import OpenAIError
 from trtspec.contract.models import BASELINE, ENSEMBLE, LOOP, LOOP_OF, POSTPROCESSING, PREPROCESSING
 from trtspec.repository import list_models
@@ -67,7 +67,7 @@ class Deployment:
             return {k: v.string_value for k, v in models[model].parameters.items()}
 
         loop, pre, post = params(LOOP), params(PREPROCESSING), params(POSTPROCESSING)
-        settings = LoopSettings.model_validate_json(loop["loop_settings"])
+        settings = LoopSettings.model_validate_json(loop[SETTINGS_PARAMETER])
         return cls(
             name=name or deployment_name(repo),
             max_input_len=settings.max_input_len,

@@ -30,8 +30,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Collection, Mapping, Protocol
 
-from trtspec.server.base import ServerError, ServerOptions, TritonServer
+from trtspec.contract.models import OPTIONAL_MODELS, RELOADABLE_MODELS
 from trtspec.processes import stub_processes
+from trtspec.server.base import ServerError, ServerOptions, TritonServer
 
 log = logging.getLogger("trtspec.watchdog")
 
@@ -285,7 +286,5 @@ def watchable(options: ServerOptions) -> ServerOptions:
 
 def deployment_watchdog(server: RestartableServer, **kwargs: object) -> ModelWatchdog:
     """A watchdog for a trtspec deployment: which models it reloads alone, and which the endpoints serve without,
-    are the repository's (trtspec.repository)."""
-    from trtspec.repository import OPTIONAL_MODELS, RELOADABLE_MODELS
-
+    are the deployment's (trtspec.contract.models)."""
     return ModelWatchdog(server, reloadable=RELOADABLE_MODELS, optional=OPTIONAL_MODELS, **kwargs)  # type: ignore[arg-type]

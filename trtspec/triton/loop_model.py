@@ -24,12 +24,11 @@ from trtspec.contract import REQUEST_FIELDS, EngineCallError, RequestError
 from trtspec.contract.errors import engine_error
 from trtspec.load import InFlight, SharedEstimates
 from trtspec.logprobs import TopLogProbs
-from trtspec.loop import Step, LoopRequest, LoopSettings, SpeculativeLoop
+from trtspec.loop import SETTINGS_PARAMETER, Step, LoopRequest, LoopSettings, SpeculativeLoop
 from trtspec.metrics import ControllerGauges, PrometheusExporter
 from trtspec.text import TextCodec
 from trtspec.triton.callees import CalleeProcesses
 
-SETTINGS_PARAMETER = "loop_settings"  # the one model parameter: LoopSettings as JSON
 # is_cancelled() is a round trip to the server: asked after a target call once this long
 # has passed since it was last asked, so a client that leaves stops the loop within this or one target call
 CANCEL_CHECK_S = 0.25
@@ -239,8 +238,4 @@ class LoopModel:
             sender.send(self.pb.InferenceResponse(error=io.error(self.pb, e)), flags=final)
         except Exception as e:  # engine failure: report it, keep serving
             sender.send(self.pb.InferenceResponse(error=io.error(self.pb, e, self.name)), flags=final)
-
-
-def settings_parameter(settings: LoopSettings) -> dict[str, str]:
-    return {SETTINGS_PARAMETER: settings.model_dump_json()}
 
