@@ -6,7 +6,7 @@ that many rounds, in A-B-B-A order, and its throughput is its tokens over the su
 Per request it records when each streamed response arrived and how many token ids it carried (tokens are
 counted from the ids, never from text chunks), the final acceptance statistics the server reported, and the
 client's own overhead: the time between a response arriving and the client asking for the next one (the
-client library's decoding plus this module's bookkeeping; see ``_one_request``).
+client library's decoding plus this module's bookkeeping; see ``one_request``).
 
 With ``api="openai"`` the requests go through the OpenAI-compatible API of `trtspec serve` (streamed completions
 to ``<name>`` and ``<name>-baseline``, the token ids of each chunk returned with ``return_token_ids`` and checked
@@ -365,7 +365,7 @@ def check_deployment(settings: BenchSettings, endpoints: Sequence[str]) -> None:
 # ------------------------------------------------------------------------------------------------ running
 
 
-def _one_request(
+def one_request(
     settings: BenchSettings,
     cell: Cell,
     index: int,
@@ -475,7 +475,7 @@ def _run_phase(
                 item = next(it, None)
             if item is None:
                 return
-            rec = _one_request(settings, cell, item[0], item[1], warmup)
+            rec = one_request(settings, cell, item[0], item[1], warmup)
             with lock:
                 out.append(rec)
             on_done(rec)

@@ -1,7 +1,7 @@
 """`trtspec bench --soak MINUTES`: a deployment under a steady, hostile-but-honest load for a set time.
 
 N client threads (streams) send streamed requests back to back, alternating ``ensemble`` and ``baseline``,
-through the bench's own request code (``runner._one_request``). A share of the clients leave after a response or
+through the bench's own request code (``runner.one_request``). A share of the clients leave after a response or
 three (the HTTP connection closed, the gRPC stream cancelled), and a share of the requests carry a bad value that
 must be refused with a named error. Around the load it reads the loop's Prometheus counters (requests, cancelled
 requests, tokens generated after a cancellation), samples the RSS of the server's processes, and after the load it
@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 from trtspec.bench import stats as st
 from trtspec.bench.metrics import MetricsError, Sample, scrape
 from trtspec.bench.prompts import Prompt
-from trtspec.bench.runner import BASELINE, ENSEMBLE, BenchError, BenchSettings, Cell, RequestRecord, _one_request, check_deployment
+from trtspec.bench.runner import BASELINE, ENSEMBLE, BenchError, BenchSettings, Cell, RequestRecord, one_request, check_deployment
 from trtspec.metrics import AFTER_CANCEL_COUNTER, CANCELLED_COUNTER, EMITTED_COUNTER, REQUESTS_COUNTER
 from trtspec.profiling.sampler import process_name, process_tree, read_proc_stat
 
@@ -334,7 +334,7 @@ def run_soak(
     bad_settings = bench if soak.grpc_url is None else dataclasses.replace(bench, protocol="grpc", url=soak.grpc_url)
     bad_set = soak.bad_requests(bench.protocol)
     for cell in cells:  # warm-up: not counted, not sampled
-        rec = _one_request(bench, cell, -1, prompts[0], True)
+        rec = one_request(bench, cell, -1, prompts[0], True)
         if rec.error:
             raise BenchError(f"the warm-up request to {cell.endpoint} failed: {rec.error}")
     metrics_url = bench.resolved_metrics_url
@@ -366,11 +366,11 @@ def run_soak(
             if bad_set and roll < soak.bad_share:
                 bad = rng.choice(bad_set)
                 s = bad_settings if bad.grpc_only else bench
-                out = SoakRecord("bad", _one_request(s, cell, index, prompt, False, extra=bad.fields), bad)
+                out = SoakRecord("bad", one_request(s, cell, index, prompt, False, extra=bad.fields), bad)
             elif roll < soak.bad_share + soak.disconnect_share:
-                out = SoakRecord("disconnect", _one_request(bench, cell, index, prompt, False, leave_after=rng.randint(1, 3)))
+                out = SoakRecord("disconnect", one_request(bench, cell, index, prompt, False, leave_after=rng.randint(1, 3)))
             else:
-                out = SoakRecord("normal", _one_request(bench, cell, index, prompt, False))
+                out = SoakRecord("normal", one_request(bench, cell, index, prompt, False))
             out.finished = time.perf_counter()
             with lock:
                 records.append(out)

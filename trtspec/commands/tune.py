@@ -102,7 +102,7 @@ def tune(config: Path, concurrency: str, draft_tokens: str | None, url: str | No
         sweep_variant,
         write_config,
     )
-    from trtspec.commands.bench import _int_list, default_output_dir
+    from trtspec.commands.bench import int_list, default_output_dir
     from trtspec.config import ConfigError, load_config
 
     try:
@@ -121,7 +121,7 @@ def tune(config: Path, concurrency: str, draft_tokens: str | None, url: str | No
     if draft_tokens is None:
         ks = [k for k in DEFAULT_KS if k <= max_k]
     else:
-        ks = _int_list("--draft-tokens", draft_tokens, 0)
+        ks = int_list("--draft-tokens", draft_tokens, 0)
         over = [k for k in ks if k > max_k]
         if over:
             raise UserError(f"--draft-tokens {', '.join(map(str, over))}: larger than this config's "
@@ -129,7 +129,7 @@ def tune(config: Path, concurrency: str, draft_tokens: str | None, url: str | No
     ks = sorted(set(ks) | {0})
     if ks == [0]:
         raise UserError("--draft-tokens: give at least one k > 0 to compare with the baseline")
-    levels = _int_list("--concurrency", concurrency, 1)
+    levels = int_list("--concurrency", concurrency, 1)
     try:
         dest, backup = output_paths(config, output, in_place)
         check_writable(dest, backup, force)

@@ -25,7 +25,7 @@ from trtspec.contract import STAT
 from trtspec.logprobs import TopLogProbs
 from trtspec.metrics import SpecStats
 from trtspec.openai.backend import TritonBackend, TritonStream, unavailable
-from trtspec.openai.protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, OpenAIError, _GenerationRequest
+from trtspec.openai.protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, OpenAIError, GenerationRequest
 from trtspec.openai.stop import StopMatcher
 from trtspec.openai.structured import Plan, parse_tool_calls
 from trtspec.server.watchdog import Health
@@ -230,7 +230,7 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
         prompt = backend.render_chat(req.template_messages(), structured.tools)
         return await _generate(req, prompt, "messages", chat=True, structured=structured)
 
-    async def _generate(req: _GenerationRequest, prompt: str, prompt_param: str, chat: bool, echo: str = "",
+    async def _generate(req: GenerationRequest, prompt: str, prompt_param: str, chat: bool, echo: str = "",
                         structured: Plan | None = None) -> Any:
         structured = structured or Plan()
         triton_model = deployment.models.get(req.model)
