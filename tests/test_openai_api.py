@@ -239,7 +239,8 @@ def test_errors_have_the_openai_shape_and_the_server_stays_healthy(api, client, 
     for field, value in (("temperature", -1), ("top_p", 0), ("top_p", 1.5), ("max_tokens", 0), ("n", 0), ("n", 17),
                          ("num_draft_tokens", -1), ("draft_source", "oracle"), ("draft_length_policy", "x")):
         _assert_error(api, 400, {**ok, field: value}, field)
-    _assert_error(api, 400, {**ok, "num_draft_tokens": 99}, "num_draft_tokens", says=f"max_draft_len ({MAX_DRAFT_LEN})")
+    _assert_error(api, 400, {**ok, "num_draft_tokens": 99}, "num_draft_tokens",
+                  says=f"larger than max_draft_len {MAX_DRAFT_LEN}")
     _assert_error(api, 400, {**ok, "messages": [{"role": "wizard", "content": "x"}]}, says="messages.0.role")
     _assert_error(api, 400, {**ok, "messages": []}, "messages")
     _assert_error(api, 400, {**ok, "logprobs": True, "top_logprobs": 21}, "top_logprobs", says="less than or equal to 20")

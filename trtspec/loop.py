@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trtspec.config import SpeculativeConfig
 from trtspec.contract import REQUEST_FIELDS, EngineCallError, RequestError
+from trtspec.contract.limits import RequestLimits
 from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target
 from trtspec.guided import GuidedRequest, GuidedSettings
 from trtspec.logprobs import TopLogProbs
@@ -51,6 +52,10 @@ class LoopSettings(BaseModel):
     engine_input_names: dict[str, str] = {}  # TensorRT-LLM version aliases, e.g. {"min_tokens": "min_length"}
     max_concurrent_requests: int = 64
     guided: GuidedSettings | None = None  # None: guided requests are refused (trtspec.guided)
+
+    @property
+    def limits(self) -> RequestLimits:
+        return RequestLimits(self.speculative.max_draft_len, self.max_input_len)
 
     def engine_name(self, name: str) -> str:
         return self.engine_input_names.get(name, name)
@@ -116,12 +121,7 @@ def validate(req: LoopRequest, settings: LoopSettings) -> None:
             f.validate(getattr(req, f.name))
     if not req.prompt:
         raise RequestError("the prompt is empty (text_input must not be empty)")
-    k = settings.speculative.num_draft_tokens if req.num_draft_tokens is None else req.num_draft_tokens
-    if k > settings.speculative.max_draft_len:
-        raise RequestError(
-            f"num_draft_tokens {k} is larger than max_draft_len {settings.speculative.max_draft_len} "
-            "(the target engine was built for at most max_draft_len draft tokens)"
-        )
+    settings.limits.check(len(req.prompt), req.max_tokens, req.num_draft_tokens)
     source = req.draft_source or settings.speculative.draft_source
     if not settings.draft_disabled and settings.draft_model is None and not drafts_in_target(settings) and any(
         SOURCES[s].needs_draft_model for s in SELECTIONS[source]
@@ -129,13 +129,6 @@ def validate(req: LoopRequest, settings: LoopSettings) -> None:
         raise RequestError(
             f"draft_source {source!r} needs a draft model and this deployment has none "
             "(it was built with speculative.draft_source: ngram); use draft_source ngram"
-        )
-    total = len(req.prompt) + req.max_tokens
-    if total > settings.max_input_len:
-        raise RequestError(
-            f"prompt ({len(req.prompt)} tokens) + max_tokens ({req.max_tokens}) = {total} exceeds max_input_len "
-            f"{settings.max_input_len}: the loop resends the running sequence to the engines each iteration; "
-            "shorten the prompt, lower max_tokens, or rebuild with a larger limits.max_input_len"
         )
 
 

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from trtspec.contract import REQUEST_FIELDS, STAT, RequestError
+from trtspec.contract.limits import RequestLimits
 from trtspec.metrics import SpecStats
 
 # the statistics TensorRT-LLM reports per request (trtspec.contract names); the others have no source there
@@ -56,11 +57,7 @@ def parse(get: Getter, default_draft_len: int) -> ParsedRequest:
             f.validate(get(f.name))
     max_tokens = int(get("max_tokens"))
     k = get("num_draft_tokens")
-    if k is not None and int(k) > default_draft_len:
-        raise RequestError(
-            f"num_draft_tokens {k} is larger than max_draft_len {default_draft_len}; this deployment (engine: llmapi) "
-            "drafts up to max_draft_len per step, as TensorRT-LLM's schedule decides"
-        )
+    RequestLimits(max_draft_len=default_draft_len).check(None, max_tokens, None if k is None else int(k))
     if get("return_log_probs"):
         raise RequestError("return_log_probs: not available with engine: llmapi in this release; use engine: "
                            "tensorrt_llm or reference, or leave it out")

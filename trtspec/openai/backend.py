@@ -20,6 +20,7 @@ import numpy as np
 from trtspec.client import STAT_NAMES, Chunk, infer_input, log_probs, response_stats, top_log_probs
 from trtspec.contract import REQUEST_FIELDS, RequestError, field_by_name
 from trtspec.contract.errors import ErrorKind, decode
+from trtspec.contract.limits import RequestLimits
 from trtspec.loop import SETTINGS_PARAMETER, LoopSettings
 from trtspec.openai.protocol import OpenAIError
 from trtspec.contract.models import BASELINE, ENSEMBLE, LOOP, LOOP_OF, POSTPROCESSING, PREPROCESSING
@@ -47,8 +48,7 @@ def deployment_name(repo: Path) -> str:
 @dataclass(frozen=True)
 class Deployment:
     name: str
-    max_input_len: int  # prompt + max_tokens, in tokens (the speculative loop's limit)
-    max_draft_len: int
+    limits: RequestLimits  # the loop's: prompt + max_tokens, draft tokens per call
     tokenizer_dir: str
     add_special_tokens: bool  # what preprocessing does when it tokenizes text_input
     skip_special_tokens: bool  # what postprocessing does when it detokenizes
@@ -70,8 +70,7 @@ class Deployment:
         settings = LoopSettings.model_validate_json(loop[SETTINGS_PARAMETER])
         return cls(
             name=name or deployment_name(repo),
-            max_input_len=settings.max_input_len,
-            max_draft_len=settings.speculative.max_draft_len,
+            limits=settings.limits,
             tokenizer_dir=pre["tokenizer_dir"],
             add_special_tokens=pre.get("add_special_tokens", "false").lower() == "true",
             skip_special_tokens=post.get("skip_special_tokens", "true").lower() == "true",
