@@ -10,7 +10,9 @@ import ast
 import sys
 from pathlib import Path
 
-ROOT = Path(sys.argv[1]).resolve() if __name__ == "__main__" and len(sys.argv) > 1 else Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent
+if __name__ == "__main__" and len(sys.argv) > 1:
+    ROOT = Path(sys.argv[1]).resolve()
 PACKAGE = "trtspec"
 
 # Layers, bottom to top, by module or package prefix (the longest prefix decides); a module imports from its own

@@ -201,7 +201,8 @@ class SpeculativeLoop:
         return draft
 
     def _verify(
-        self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray], min_tokens: int, log_probs: bool = False,
+        self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray], min_tokens: int,
+        log_probs: bool = False,
         in_target: TargetDrafter | None = None, next_k: int = 0, top: int = 0, temperature: float | None = None,
         plain: int = 1,
     ) -> tuple[list[int], list[float] | None, TopLogProbs | None]:
@@ -246,8 +247,9 @@ class SpeculativeLoop:
             g = out.get("generation_logits")
             rows = None if g is None else np.asarray(g).reshape(-1, np.shape(g)[-1])
             if rows is None or len(rows) < len(new):
-                raise EngineCallError(f"{self.settings.target_model} returned {0 if rows is None else len(rows)} rows of "
-                                      f"generation_logits for {len(new)} new tokens (top_log_probs needs one per token)")
+                raise EngineCallError(
+                    f"{self.settings.target_model} returned {0 if rows is None else len(rows)} rows of "
+                    f"generation_logits for {len(new)} new tokens (top_log_probs needs one per token)")
             alternatives = TopLogProbs.from_logits(rows[: len(new)], top, temperature)
         if not log_probs:
             return new, None, alternatives

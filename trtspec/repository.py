@@ -82,7 +82,8 @@ def _contract(version: str | None, model: str) -> nvidia.ModelIO:
 
 
 def _outputs(config: mc.ModelConfig, nvidia_model: str, version: str | None) -> None:
-    """trtspec's statistics and outputs, then every output NVIDIA's `nvidia_model` declares in `version` that is not declared yet
+    """trtspec's statistics and outputs, then every output NVIDIA's `nvidia_model` declares in `version` that is not
+    declared yet
     (those the loop cannot compute are never sent, as TensorRT-LLM leaves out outputs a request did not enable)."""
     for s in RESPONSE_STATS:
         _add_tensor(config.output, s.name, s.dtype, (-1,) if s.vector else (1,))
@@ -265,7 +266,8 @@ def _engine_config(
             exclude_input_in_output=False,  # the loop reads the whole sequence back, as NVIDIA's BLS does
             **({} if model.linear_kernels == "auto" else {"linear_kernels": model.linear_kernels}),
             # compiled kernels: the deployment's own copy (trtspec build's compile-kernels step)
-            **({"kernel_dir": Path(kernel_dir).resolve()} if kernel_dir is not None and model.linear_kernels == "compiled" else {}),
+            **({"kernel_dir": Path(kernel_dir).resolve()}
+               if kernel_dir is not None and model.linear_kernels == "compiled" else {}),
         )
         if role == "target" and drafts_in_target(cfg):
             _set_params(config, eagle3_head=checkpoint_path(cfg, "draft").resolve())
@@ -374,7 +376,8 @@ def _write_models(
         c.name = name
         c.instance_group[0].count = cfg.triton.speculative_instance_count if not baseline else 1
         declare_io(c, version)
-        settings = loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases, guided=guided)
+        settings = loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases,
+                                 guided=guided)
         _set_params(c, tokenizer_dir=tokenizer_dir, **settings_parameter(settings))
         w.write(c, TEMPLATES / LOOP / "1" / "model.py")
 

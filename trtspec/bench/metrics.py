@@ -1,7 +1,8 @@
 """Cross-check of the bench's own counts against the speculative loop's Prometheus counters.
 
 The text endpoints (``ensemble``, ``baseline``) run the loop in-process and count every request they finish
-in ``spec_decode_*`` counters on Triton's metrics port, labelled ``model="<endpoint>"``. The bench scrapes ``/metrics`` (a plain HTTP GET, Prometheus text format) before
+in ``spec_decode_*`` counters on Triton's metrics port, labelled ``model="<endpoint>"``. The bench scrapes
+``/metrics`` (a plain HTTP GET, Prometheus text format) before
 and after the run and compares the deltas with the sums of the final per-response statistics of the
 requests it sent (warm-ups included on both sides; requests that failed are counted by neither).
 """

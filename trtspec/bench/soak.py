@@ -32,7 +32,9 @@ from typing import Any, Callable, Sequence
 from trtspec.bench import stats as st
 from trtspec.bench.metrics import MetricsError, Sample, scrape
 from trtspec.bench.prompts import Prompt
-from trtspec.bench.runner import BASELINE, ENSEMBLE, BenchError, BenchSettings, Cell, RequestRecord, one_request, check_deployment
+from trtspec.bench.runner import (
+    BASELINE, ENSEMBLE, BenchError, BenchSettings, Cell, RequestRecord, check_deployment, one_request,
+)
 from trtspec.metrics import AFTER_CANCEL_COUNTER, CANCELLED_COUNTER, EMITTED_COUNTER, REQUESTS_COUNTER
 from trtspec.profiling.sampler import process_name, process_tree, read_proc_stat
 
@@ -54,7 +56,8 @@ BAD_REQUESTS = (
     BadRequest("temperature -1", {"temperature": -1.0}, "temperature must be a finite number >= 0"),
     BadRequest("top_p 2", {"top_p": 2.0}, "top_p must be in (0, 1]"),
     BadRequest("top_k -1", {"top_k": -1}, "top_k must be >= 0"),
-    BadRequest("text_input not UTF-8", {"text_input": b"caf\xe9 au lait"}, "text_input is not valid UTF-8", grpc_only=True),
+    BadRequest("text_input not UTF-8", {"text_input": b"caf\xe9 au lait"}, "text_input is not valid UTF-8",
+               grpc_only=True),
 )
 
 
@@ -368,7 +371,8 @@ def run_soak(
                 s = bad_settings if bad.grpc_only else bench
                 out = SoakRecord("bad", one_request(s, cell, index, prompt, False, extra=bad.fields), bad)
             elif roll < soak.bad_share + soak.disconnect_share:
-                out = SoakRecord("disconnect", one_request(bench, cell, index, prompt, False, leave_after=rng.randint(1, 3)))
+                out = SoakRecord("disconnect", one_request(bench, cell, index, prompt, False,
+                                                           leave_after=rng.randint(1, 3)))
             else:
                 out = SoakRecord("normal", one_request(bench, cell, index, prompt, False))
             out.finished = time.perf_counter()
@@ -520,7 +524,8 @@ def summarize(run: SoakRun) -> dict[str, Any]:
         "errors": sorted({r.error for r in errored if r.error})[:20],
         "unexpected_bad": unexpected_bad[:20],
         "output_tokens": sum(r.output_tokens for r in completed),
-        "latency_s": {"e2e": st.describe(r.e2e_s for r in completed) | {"p95": st.percentile([r.e2e_s for r in completed], 95)},
+        "latency_s": {"e2e": st.describe(r.e2e_s for r in completed)
+                      | {"p95": st.percentile([r.e2e_s for r in completed], 95)},
                       "ttft": st.describe(t for r in completed if (t := r.ttft_s) is not None)},
         "server": {"counters": server, "cancelled": cancelled, "tokens_after_cancel": after_cancel,
                    "per_endpoint": per_disconnect},
@@ -558,7 +563,8 @@ def table(summary: dict[str, Any]) -> Any:
         ("clients that left early", str(req["left_early"])),
         ("injected bad / refused by name", f"{req['injected_bad']} / {req['bad_refused_by_name']}"),
         ("cancelled (server counter)", "-" if srv["cancelled"] is None else f"{srv['cancelled']:.0f}"),
-        ("tokens generated after cancel", "-" if srv["tokens_after_cancel"] is None else f"{srv['tokens_after_cancel']:.0f}"),
+        ("tokens generated after cancel",
+         "-" if srv["tokens_after_cancel"] is None else f"{srv['tokens_after_cancel']:.0f}"),
     ]
     for e, d in srv["per_endpoint"].items():
         per = "-" if d["per_cancel"] is None else f"{d['per_cancel']:.2f}"

@@ -58,7 +58,8 @@ Then compare the tuned schedule with the online controller:
 """
 
 
-@click.command("tune", help=_HELP, short_help="Measure the best k per concurrency band; write the draft-length schedule.")
+@click.command("tune", help=_HELP,
+               short_help="Measure the best k per concurrency band; write the draft-length schedule.")
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--concurrency", default="1,2,4,8", show_default=True, metavar="LIST",
               help="Concurrency levels: each is the lower edge of a band of the schedule (the lowest applies from 1).")
@@ -213,7 +214,8 @@ def _bench_variant(doc: dict, config: Path, settings: Any, prompts: Any, out: Pa
     status.start()
     try:
         prepare_checkpoints(cfg, lambda m: status.update(f"{what}: {m}..."))
-        with local_deployment(cfg, log_file=out / "triton.log", on_step=lambda m: status.update(f"{what}: {m}...")) as server:
+        step = lambda m: status.update(f"{what}: {m}...")  # noqa: E731
+        with local_deployment(cfg, log_file=out / "triton.log", on_step=step) as server:
             status.stop()
             ep = server.endpoints
             console.print(f"[green]{what}[/]: Triton ready (HTTP {ep.http_address})")

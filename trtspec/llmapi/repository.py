@@ -39,7 +39,8 @@ def model_yamls(cfg: BuildConfig, draft_dir: Path | None = None, version: str | 
         draft_dir = checkpoint_path(cfg, "draft").resolve()
     out = {ENSEMBLE: model_yaml.generate(cfg, target, draft_dir, version=version, kv_fraction=kv_fraction)}
     if (cfg.llmapi or LlmapiConfig()).baseline_endpoint:
-        out[BASELINE] = model_yaml.generate(cfg, target, None, version=version, kv_fraction=kv_fraction, speculative=False)
+        out[BASELINE] = model_yaml.generate(cfg, target, None, version=version, kv_fraction=kv_fraction,
+                                            speculative=False)
     return out
 
 

@@ -37,7 +37,8 @@ SERVED = {"text_input", "max_tokens", "num_draft_tokens", "use_draft_logits", "d
           "stream", "temperature", "top_k", "top_p", "seed", "min_tokens", "end_id", "pad_id", "stop_words",
           "bad_words", "return_perf_metrics"}
 # accepted at the value that changes nothing (their checks in trtspec.contract refuse any other)
-NEUTRAL = {"beam_width", "num_return_sequences", "return_log_probs", "return_context_logits", "return_generation_logits"}
+NEUTRAL = {"beam_width", "num_return_sequences", "return_log_probs", "return_context_logits",
+           "return_generation_logits"}
 
 
 def parse(get: Getter, default_draft_len: int) -> ParsedRequest:

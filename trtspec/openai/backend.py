@@ -159,7 +159,8 @@ class TritonBackend:
                 raise OpenAIError(400, str(e), param="stop") from None
             inputs.append(infer_input("stop_words_list", to_words_list(words)))
         for name, value in fields.items():
-            inputs.append(infer_input(self.deployment.loop_inputs[name], np.array([[value]], dtype=field_by_name(name).numpy)))
+            value = np.array([[value]], dtype=field_by_name(name).numpy)
+            inputs.append(infer_input(self.deployment.loop_inputs[name], value))
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
             yield {"model_name": self.deployment.loops[endpoint], "inputs": inputs}

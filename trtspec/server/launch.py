@@ -141,9 +141,9 @@ def plan_launch(
 
     ``tensorrt_llm_model_names``: default = the models with ``backend: "tensorrtllm"`` in the repository.
     ``multi_model``: orchestrator mode; default = two or more TensorRT-LLM models. ``model_ranks``: TP x PP of each
-    TensorRT-LLM model (default 1 each); with ``disable_spawn_processes`` world_size must be 1 + their sum. ``triton_version``: default
-    ``$NVIDIA_TRITON_SERVER_VERSION``. ``num_gpus``: default ``gpu_count()`` (only needed for the orchestrator
-    memory-pool flags).
+    TensorRT-LLM model (default 1 each); with ``disable_spawn_processes`` world_size must be 1 + their sum.
+    ``triton_version``: default ``$NVIDIA_TRITON_SERVER_VERSION``. ``num_gpus``: default ``gpu_count()`` (only
+    needed for the orchestrator memory-pool flags).
     """
     repo = Path(model_repository).expanduser().resolve()
     names = list(tensorrt_llm_model_names) if tensorrt_llm_model_names else trtllm_model_names(repo)

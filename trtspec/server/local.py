@@ -195,7 +195,8 @@ def prepare_bundled_backends(
 
     def _valid(d: Path) -> bool:
         try:
-            return json.loads((d / marker_name).read_text()) == fingerprint and (d / "backends/python" / STUB_NAME).is_file()
+            return json.loads((d / marker_name).read_text()) == fingerprint \
+                and (d / "backends/python" / STUB_NAME).is_file()
         except (OSError, ValueError):
             return False
 

@@ -154,7 +154,8 @@ class ModelWatchdog:
 
     def prometheus(self) -> str:
         """The restarts counter in Prometheus' text format."""
-        lines = [f"# HELP {RESTARTS_COUNTER} Recoveries (model reloads or server restarts) trtspec made because a model's process died.",
+        lines = [f"# HELP {RESTARTS_COUNTER} Recoveries (model reloads or server restarts) trtspec made because a "
+                 "model's process died.",
                  f"# TYPE {RESTARTS_COUNTER} counter"]
         with self._lock:
             counts = dict(self.restarts)
@@ -262,7 +263,8 @@ class ModelWatchdog:
         with self._lock:
             for f in faults:
                 f.error = error
-            self._dead_reason = f"tritonserver did not come back after {', '.join(f.model for f in faults)} died: {error}"
+            died = ", ".join(f.model for f in faults)
+            self._dead_reason = f"tritonserver did not come back after {died} died: {error}"
             self._recovering = []
         self._event(f"{self._dead_reason}; reporting not live")
 
@@ -287,4 +289,5 @@ def watchable(options: ServerOptions) -> ServerOptions:
 def deployment_watchdog(server: RestartableServer, **kwargs: object) -> ModelWatchdog:
     """A watchdog for a trtspec deployment: which models it reloads alone, and which the endpoints serve without,
     are the deployment's (trtspec.contract.models)."""
-    return ModelWatchdog(server, reloadable=RELOADABLE_MODELS, optional=OPTIONAL_MODELS, **kwargs)  # type: ignore[arg-type]
+    return ModelWatchdog(server, reloadable=RELOADABLE_MODELS, optional=OPTIONAL_MODELS,
+                         **kwargs)  # type: ignore[arg-type]

@@ -80,7 +80,8 @@ class CalleeProcesses:
             except queue.Empty:
                 if not all(map(is_alive, pids)):
                     self._local.caller = None  # its thread waits for ever on the dead process
-                    raise ProcessDied(f"{model}: its model process died during the call; it is being reloaded") from None
+                    raise ProcessDied(
+                        f"{model}: its model process died during the call; it is being reloaded") from None
         if ok:
             return value
         raise value

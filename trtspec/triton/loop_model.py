@@ -147,7 +147,8 @@ class LoopModel:
         loop_fields = {f.name: fields[f.name] for f in REQUEST_FIELDS if f.loop_input is not None and f.name in fields}
         if io.tensor(self.pb, request, "text_input") is not None:
             words = {n: self.codec.encode_words(fields.get(n, []), n) for n in ("stop_words", "bad_words")}
-            bias = self.codec.embedding_bias(fields.get("embedding_bias_words", []), fields.get("embedding_bias_weights", []))
+            bias = self.codec.embedding_bias(fields.get("embedding_bias_words", []),
+                                             fields.get("embedding_bias_weights", []))
             prompt = self.codec.encode_prompt(fields.get("text_input"))
             end_id, pad_id = fields.get("end_id", self.codec.end_id), fields.get("pad_id", self.codec.pad_id)
             max_tokens, text = fields.get("max_tokens"), True
@@ -168,8 +169,8 @@ class LoopModel:
         return req, text
 
     def response_tensors(
-        self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step, log_probs: list[float] | None = None,
-        top: TopLogProbs | None = None,
+        self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step,
+        log_probs: list[float] | None = None, top: TopLogProbs | None = None,
     ) -> dict[str, np.ndarray]:
         """`log_probs`: of the generated tokens among `tokens` (TensorRT-LLM's output_log_probs: [beam, tokens]);
         `top`: the most likely tokens at their positions (trtspec.contract.RESPONSE_OUTPUTS: [tokens, N])."""
@@ -191,8 +192,8 @@ class LoopModel:
         return out
 
     def _response(
-        self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step, log_probs: list[float] | None = None,
-        top: TopLogProbs | None = None,
+        self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step,
+        log_probs: list[float] | None = None, top: TopLogProbs | None = None,
     ) -> Any:
         tensors = self.response_tensors(req, text, tokens, before, chunk, log_probs, top)
         return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in tensors.items()])
@@ -213,7 +214,8 @@ class LoopModel:
                     if chunk.final or cancelled:
                         break
                     if req.stream:
-                        sender.send(self._response(req, text, chunk.new_tokens, chunk.generated_before, chunk, chunk.log_probs, chunk.top))
+                        sender.send(self._response(req, text, chunk.new_tokens, chunk.generated_before, chunk,
+                                                   chunk.log_probs, chunk.top))
             if last is None:
                 raise EngineCallError("the loop produced no output")
             try:
@@ -228,12 +230,14 @@ class LoopModel:
                 sender.send(flags=final)
             elif req.stream:
                 self.metrics.record(last.stats, len(generated))
-                sender.send(self._response(req, text, last.new_tokens, last.generated_before, last, last.log_probs, last.top), flags=final)
+                sender.send(self._response(req, text, last.new_tokens, last.generated_before, last, last.log_probs,
+                                           last.top), flags=final)
             else:
                 self.metrics.record(last.stats, len(generated))
                 # TensorRT-LLM's exclude_input_in_output=false: a non-streamed output starts with the prompt
                 whole = req.prompt + generated if req.exclude_input_in_output is False else generated
-                sender.send(self._response(req, text, whole, [], last, log_probs, TopLogProbs.concat(tops)), flags=final)
+                sender.send(self._response(req, text, whole, [], last, log_probs, TopLogProbs.concat(tops)),
+                            flags=final)
         except RequestError as e:  # the client's: the message names the field, not the model
             sender.send(self.pb.InferenceResponse(error=io.error(self.pb, e)), flags=final)
         except Exception as e:  # engine failure: report it, keep serving

@@ -27,7 +27,8 @@ class TritonPythonModel:
         LLM, self.SamplingParams, self.implementation, parse = load_api()
         # as NVIDIA's llmapi model and trtllm-serve do: the YAML goes through update_llm_args_with_extra_dict
         self.llm = LLM(**parse({}, doc))
-        self.metrics = PrometheusExporter(pb_utils, io.model_parameters(args).get("metrics_label") or args["model_name"])
+        label = io.model_parameters(args).get("metrics_label") or args["model_name"]
+        self.metrics = PrometheusExporter(pb_utils, label)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -67,7 +68,8 @@ class TritonPythonModel:
                     result.abort()
                     break
                 if parsed.streaming and output.token_ids_diff and not result.finished:
-                    sender.send(self._response(output.text_diff, output.token_ids_diff, serving.stats_of(output, self.max_draft_len)))
+                    stats = serving.stats_of(output, self.max_draft_len)
+                    sender.send(self._response(output.text_diff, output.token_ids_diff, stats))
             if output is None:
                 raise RuntimeError("the LLM produced no output")
             stats = serving.stats_of(output, self.max_draft_len)

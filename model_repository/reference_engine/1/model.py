@@ -91,7 +91,8 @@ class TritonPythonModel:
         def answer(future):  # on the scheduler thread, as soon as this request is done
             try:
                 tensors = result_tensors(future.result(), get, self.exclude_input_default, arrival, scheduled)
-                response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+                response = pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
             except Exception as e:
                 response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}"))
             _send(sender, response)
