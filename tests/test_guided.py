@@ -260,3 +260,46 @@ def test_what_the_grammar_forces_is_drafted_and_always_accepted(pair):
     got, stats = _run(SpeculativeLoop(_settings(info, 49152), _call({"tensorrt_llm": engines["tensorrt_llm"]})),
                       draft_source="ngram", **kw)
     assert got == want and stats.total_draft_tokens >= 4 and stats.total_accepted_draft_tokens >= 3
+
+
+def _log_softmax(x):
+    m = x[np.isfinite(x)].max()
+    return x - m - np.log(np.exp(x[np.isfinite(x)] - m).sum())
+
+
+def test_log_probs_under_a_guide_are_of_the_masked_distribution(pair):
+    """As TensorRT-LLM returns them: its guided decoder writes -inf into the logits before the sampler computes log
+    probs (guidedDecoder.cpp, logitsBitmask kernel; the PyTorch executor's GuidedDecoder.execute likewise), so a
+    token's log prob and its top alternatives are of the distribution over what the grammar allows there. Checked
+    against xgrammar's own matcher on the raw logits, with speculation (draft model) and without."""
+    tok, engines, info = pair
+    eng = engines["tensorrt_llm"]
+    prompt = tok.encode(PROMPT)
+    guide = json.dumps(SCHEMA)
+    kw = dict(prompt=prompt, max_tokens=14, end_id=tok.eos_token_id, guided_decoding_guide_type="json_schema",
+              guided_decoding_guide=guide, return_log_probs=True, top_log_probs=4)
+    for loop, extra in ((SpeculativeLoop(_settings(info, 49152, draft_disabled=True), _call(engines)), {}),
+                        (SpeculativeLoop(_settings(info, 49152), _call(engines)),
+                         dict(num_draft_tokens=4, draft_source="model", draft_length_policy="fixed"))):
+        chunks = list(loop.run(LoopRequest(**kw, **extra)))
+        new = [t for c in chunks for t in c.new_tokens]
+        lps = [x for c in chunks for x in c.log_probs]
+        top_ids = np.concatenate([c.top.ids for c in chunks])
+        top_lps = np.concatenate([c.top.log_probs for c in chunks])
+        m = _xgrammar_matcher(tok, "json_schema", guide)
+        bits = xgr.allocate_token_bitmask(1, 49152)
+        seq = list(prompt)
+        for i, t in enumerate(new):
+            raw = eng.run(request_from_tensors(_tensors(seq, 1, None, None, tok.eos_token_id, logits=True).get))
+            m.fill_next_token_bitmask(bits)
+            allowed = np.unpackbits(bits.numpy().reshape(-1).view(np.uint8), bitorder="little")[:49152].astype(bool)
+            masked = raw.generation_logits[0].astype(np.float64)
+            masked[~allowed] = -np.inf
+            want = _log_softmax(masked)
+            assert lps[i] == pytest.approx(want[t], abs=1e-4), i
+            # the alternatives are the most likely tokens the grammar allows; past them, what it refuses has -inf
+            possible = np.isfinite(top_lps[i])
+            assert possible.sum() == min(4, allowed.sum()) and all(allowed[top_ids[i][possible]]), (i, top_ids[i])
+            assert top_ids[i][0] == t and np.allclose(top_lps[i][possible], want[top_ids[i][possible]], atol=1e-4), i
+            assert m.accept_token(t)
+            seq.append(t)

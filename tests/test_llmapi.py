@@ -163,6 +163,7 @@ def test_dry_run_json_prints_a_valid_model_yaml(example, tmp_path):
 def test_standin_has_the_recorded_api_surface():
     fields = {f.name for f in dataclasses.fields(standin.SamplingParams)}
     assert set(runtime_names("SamplingParams")) == fields
+    assert set(runtime_names("GuidedDecodingParams")) == {f.name for f in dataclasses.fields(standin.GuidedDecodingParams)}
     assert set(runtime_names("LLM.generate_async")) <= set(inspect.signature(standin.LLM.generate_async).parameters)
     out = standin.CompletionOutput()
     assert all(hasattr(out, n) for n in runtime_names("CompletionOutput"))
@@ -259,6 +260,26 @@ def test_greedy_output_equals_target_only(server, target_only):
         assert g.token_ids == expected
         assert base.generate(prompt, MAX_TOKENS).token_ids == expected
         assert g.stats.total_draft_tokens > 0 and g.stats.num_iterations >= 1
+
+
+@pytest.mark.slow
+def test_guided_requests_speculate_and_give_the_target_only_tokens(server):
+    """NVIDIA's guide inputs on the llmapi endpoint: model.yaml sets guided_decoding_backend (the pinned release
+    combines it with DraftTarget), the request's GuidedDecodingParams constrain the output, and the speculative
+    answer is the target-only endpoint's."""
+    pytest.importorskip("xgrammar")
+    prompt = "<|im_start|>user\nWhat is the year after 2024? Answer:<|im_end|>\n<|im_start|>assistant\n"
+    schema = json.dumps({"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]})
+    for guide_type, guide in (("regex", r"\d{4}"), ("json_schema", schema)):
+        g = _client(server).generate(prompt, 24, guided_decoding_guide_type=guide_type, guided_decoding_guide=guide)
+        base = _client(server, "baseline").generate(prompt, 24, guided_decoding_guide_type=guide_type,
+                                                    guided_decoding_guide=guide)
+        assert g.token_ids == base.token_ids, guide_type
+        if guide_type == "json_schema":
+            assert isinstance(json.loads(g.text)["answer"], int), g.text
+        else:
+            assert g.text.strip().isdigit() and len(g.text.strip()) == 4, g.text
+    assert g.stats.total_draft_tokens > 0  # it speculated under the guide
 
 
 @pytest.mark.slow

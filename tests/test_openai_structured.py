@@ -79,6 +79,45 @@ def test_plans_and_tool_call_parsing() -> None:
         assert e.value.param == "tool_choice"
 
 
+def test_tool_calls_stream_as_openai_streams_them() -> None:
+    """Each call announced with its id and name once the name is complete, its arguments in pieces as they are
+    written, adding up to the arguments of the same answer not streamed; text that is not a call is content."""
+    from trtspec.openai.structured import NamedToolChoice, Tool, parse_tool_calls, plan
+    from trtspec.openai.tool_calls import ToolCallStream
+
+    tools = [Tool(**t) for t in TOOLS]
+    required = '[{"name": "get_time", "parameters": {"city": "Oslo"}}, {"name": "get_weather", "parameters": {"city": "Rome", "unit": "C"}}]'
+    named = '{"city": "Lima"}'
+    cases = [
+        (plan(None, tools, "required"), required, "", 2),
+        (plan(None, tools, NamedToolChoice(type="function", function={"name": "get_time"})), named, "", 1),
+        (plan(None, tools, None), 'Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Rome", '
+                                  '"unit": "F"}}</tool_call>', "Let me check. ", 1),
+        (plan(None, tools, None), "It is sunny <b>in</b> Rome.", "It is sunny <b>in</b> Rome.", 0),
+        (plan(None, tools, None), '{"name": "unknown", "arguments": {}}', '{"name": "unknown", "arguments": {}}', 0),
+        # the name written last: the arguments wait for it, then come in one piece
+        (plan(None, tools, None), '{"arguments": {"city": "Bern"}, "name": "get_time"}', "", 1),
+    ]
+    for p, answer, want_content, n_calls in cases:
+        stream, content, calls = ToolCallStream(p), "", {}
+        for k in range(0, len(answer), 3):  # three characters a delta
+            c, deltas = stream.feed(answer[k : k + 3])
+            content += c
+            for d in deltas:
+                _add_tool_delta(calls, d)
+        c, deltas = stream.finish()
+        content += c
+        for d in deltas:
+            _add_tool_delta(calls, d)
+        assert content == want_content, answer
+        whole = parse_tool_calls(p, answer) or []
+        assert [(c["name"], c["arguments"]) for c in calls.values()] == [
+            (w["function"]["name"], w["function"]["arguments"]) for w in whole], answer
+        assert len(calls) == n_calls and all(json.loads(c["arguments"]) is not None for c in calls.values())
+        # streamed as they are written: each call's arguments in pieces
+        assert all(c["pieces"] > 1 for c in calls.values()) or answer.endswith('"get_time"}'), answer
+
+
 def _fmt(schema=CITY, strict=True):
     return {"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": strict}}
 
@@ -95,11 +134,23 @@ def _chat(client, model, stream=False, **kw):
         d = c.choices[0].delta
         text += d.content or ""
         for tc in d.tool_calls or []:
-            slot = calls.setdefault(tc.index, {"name": "", "arguments": ""})
-            slot["name"] += tc.function.name or ""
-            slot["arguments"] += tc.function.arguments or ""
+            _add_tool_delta(calls, tc.model_dump(exclude_none=True))
         finish = c.choices[0].finish_reason or finish
     return {"content": text, "tool_calls": [calls[i] for i in sorted(calls)]}, finish, None
+
+
+def _add_tool_delta(calls, tc):
+    """One delta.tool_calls entry, checked to be shaped as OpenAI streams them: a call's first entry has its index,
+    id, type and function name (arguments ""), the ones after it only arguments, in pieces."""
+    fn = tc["function"]
+    if tc["index"] not in calls:
+        assert tc["index"] == len(calls) and tc["id"].startswith("call_") and tc["type"] == "function", tc
+        assert fn["name"] and fn.get("arguments", "") == "", tc
+        calls[tc["index"]] = {"name": fn["name"], "arguments": "", "pieces": 0}
+    else:
+        assert "id" not in tc and "name" not in fn and fn["arguments"], tc
+        calls[tc["index"]]["arguments"] += fn["arguments"]
+        calls[tc["index"]]["pieces"] += 1
 
 
 @pytest.mark.slow
@@ -149,6 +200,7 @@ def test_tool_choice_required_gives_valid_calls(client, name, stream) -> None:
     for c in calls:
         fn_name, args = (c.function.name, c.function.arguments) if not stream else (c["name"], c["arguments"])
         jsonschema.validate(json.loads(args), PARAMS[fn_name])
+        assert not stream or c["pieces"] > 1  # the arguments streamed as they were written
     if not stream:
         assert msg.content is None and all(c.id.startswith("call_") and c.type == "function" for c in calls)
 

@@ -518,3 +518,30 @@ def test_prompt_lookup_is_estimated_by_the_length_of_its_match():
         ctl.record(1, NGRAM, 4, 4, 0.060)
         ctl.observe([("ngram@1", 4, 0)])
     assert ctl.choose(1, {NGRAM: 4}).k == 4 and ctl.choose(1, {"ngram@1": 4}).k == 0
+
+
+def test_at_load_on_a_cpus_steps_a_draft_row_costs_what_one_more_request_does():
+    """The demo's reference engine on 2 CPU cores, through Triton: a plain call takes 50 / 52 / 70 / 125 ms at
+    1 / 2 / 4 / 8 in flight (one more request adds ~14 ms near 8), and the calls' times by the tokens in flight
+    fall on a line with a large intercept (waits, round trips), whose slope reads a row at a few ms. At 8 in flight
+    prompt lookup accepted 0.6 a position does not pay there (measured: 20% more rows ran 0.8x); at 2, where one
+    more request adds little, it does. Priced as a GPU's batched steps (by the line), the same drafts would be taken
+    at 8, as they are where 8 in flight cost what 1 does."""
+    def trained(plain: dict[int, float], per_token: float, batched: bool) -> GoodputController:
+        ctl = _controller(batched_steps=batched)
+        for _ in range(30):
+            for load, s in plain.items():
+                ctl.record(load, None, 0, 0, s, step_tokens=load)
+                ctl.record(load, NGRAM, 2, 2, s + per_token * 2 * load, step_tokens=3 * load)
+        for _ in range(50):
+            ctl.observe([(NGRAM, 4, 4), (NGRAM, 4, 2), (NGRAM, 4, 1)])
+        return ctl
+
+    cpu_steps = {1: 0.050, 2: 0.052, 4: 0.070, 8: 0.125}
+    cpu = trained(cpu_steps, per_token=0.002, batched=False)
+    assert cpu.request_cost(8) == pytest.approx(0.0139, rel=0.05)
+    assert cpu.choose(8, {NGRAM: 4}, may_probe=False).k == 0
+    assert cpu.choose(2, {NGRAM: 4}, may_probe=False).k > 0
+    assert trained(cpu_steps, per_token=0.002, batched=True).choose(8, {NGRAM: 4}, may_probe=False).k > 0
+    gpu = trained({1: 0.0070, 2: 0.0070, 4: 0.0071, 8: 0.0072}, per_token=0.00002, batched=True)
+    assert gpu.choose(8, {NGRAM: 4}, may_probe=False).k > 0

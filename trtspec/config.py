@@ -127,11 +127,13 @@ class AdaptivePolicy(_Strict):
     cost_smoothing: Annotated[float, Field(gt=0.0, le=1.0)] = Field(
         default=0.1, description="weight of a new cost sample in the measured draft and verify costs (by k and "
         "requests in flight): higher follows load changes faster, lower is steadier")
-    draft_calls_batched: bool | None = Field(
-        default=None, description="whether the draft engine runs the draft calls of requests drafting at once as one "
-        "batch, so a draft call is priced as shared by them (a GPU's in-flight batcher), or each on its own (a CPU: "
-        "the draft engine's calls overlap the target's steps on other cores rather than batch); unset: batched "
-        "except for the reference engine on a CPU")
+    batched_steps: bool | None = Field(
+        default=None, description="whether the engines run the requests in flight as batched steps that cost little "
+        "more for more rows (a GPU's in-flight batcher): a draft call is priced as shared by the requests drafting in "
+        "it, and a draft row by what it adds to the step; false: as the reference engine runs them on a CPU, where "
+        "a draft call overlaps other requests' target steps rather than batch (each request pays its whole call) "
+        "and a draft row costs what one more request adds to a plain step; unset: false for the reference engine "
+        "on a CPU, else true")
     acceptance_decay: Annotated[float, Field(gt=0.0, le=1.0)] = Field(
         default=0.99, description="per draft, the weight left to older drafts in the deployment's acceptance "
         "estimate (0.99: about the last 100 drafts of a source)")

@@ -295,18 +295,33 @@ class GoodputController:
         little; in a batch every row costs at least what one more token adds to the steps, measured by the tokens
         in them (token_cost), and what one more request adds to a plain step between the lightest and heaviest
         measured loads; neither measured: nothing (flat: a probe measures it)."""
-        means, counts = self.est.verify_s, self.est.verify_n
-        plain = _nonzero(counts[0])
-        per_row = 0.0
-        if plain.size >= 2:
-            lo, hi = int(plain[0]), int(plain[-1])
-            per_row = max(float(means[0, hi] - means[0, lo]) / (hi - lo), 0.0)
+        per_row = self.request_cost()
         per_row = max(per_row, self.token_cost(load, kmax)) if load_key(load) != ALONE else per_row
         alone = self._verify_curve(ALONE, kmax)
         if alone is None:
             return [per_row * k for k in range(kmax + 1)]
         rows = [c - alone[0] for c in alone]
         return rows if load_key(load) == ALONE else [max(r, per_row * k) for k, r in enumerate(rows)]
+
+    def request_cost(self, near: int | None = None) -> float:
+        """Seconds one more request in flight adds to a plain step: between the lightest and heaviest measured
+        loads, or `near` a load (the slope through the plain steps measured from half to twice it, where at least
+        two were; else the former). 0: fewer than two loads measured."""
+        means, plain = self.est.verify_s, _nonzero(self.est.verify_n[0])
+        if plain.size < 2:
+            return 0.0
+        if near is not None:
+            close = plain[(plain >= max(1, near // 2)) & (plain <= 2 * near)]
+            if close.size >= 2:
+                x = close - close.mean()
+                return max(float(x @ means[0, close]) / float(x @ x), 0.0)
+        lo, hi = int(plain[0]), int(plain[-1])
+        return max(float(means[0, hi] - means[0, lo]) / (hi - lo), 0.0)
+
+    def batched(self) -> bool:
+        """Whether the engines batch the requests in flight into steps that cost little more for more rows
+        (settings.batched_steps; unset: true)."""
+        return getattr(self.settings, "batched_steps", None) is not False
 
     def verify_costs(self, kmax: int, load: int) -> list[float] | None:
         return self.est.memo(('verify_costs', kmax, load), lambda: self._verify_costs(kmax, load))
@@ -395,10 +410,10 @@ class GoodputController:
         """A request's share of the draft-model call for k = 0..kmax, priced as every request in flight drafting
         together: the draft engine's call for all of them, divided among them. A choice made one request at a time
         would otherwise never see what the batch costs: while few requests draft, each pays a whole draft call,
-        and none would start. Where the draft engine does not batch the calls (settings.draft_calls_batched false),
+        and none would start. Where the draft engine does not batch the calls (settings.batched_steps false),
         each request pays its whole call. `missed`: tokens the draft model has not seen yet (beyond the usual 2, it prefills
         them first), at what one more caught-up token adds to the call."""
-        b = load_key(load) if getattr(self.settings, "draft_calls_batched", None) is not False else ALONE
+        b = load_key(load) if self.batched() else ALONE
         rates = rates or self.draft_rates(b)
         if rates is None:
             return None
@@ -433,6 +448,12 @@ class GoodputController:
         if steps is not None:  # shared: the batch's step by its tokens, every request in it drafting k alike
             verify = [steps[0]] + [max(s, steps[0]) for s in steps[1:]]
             rows = [(s - steps[0]) / n for s in verify]
+            if not self.batched():
+                # Where a step is not a batched one (a CPU's: compute-bound), a draft row costs what one more request
+                # adds to a plain step near this load: the line by tokens is fitted through call times that also
+                # carry waits and the others' prefill, which read rows as cheaper.
+                near = self.request_cost(n)
+                rows = [max(r, k * near) for k, r in enumerate(rows)]
         else:
             rows = [max(v - verify[0], 0.0) for v in verify]
         share = verify[0] / n
@@ -443,8 +464,7 @@ class GoodputController:
                 continue
             catchup = 0.0
             if _needs_draft_model(source):
-                batched = getattr(self.settings, "draft_calls_batched", None) is not False
-                rates = self.draft_rates(load_key(load) if batched else ALONE)
+                rates = self.draft_rates(load_key(load) if self.batched() else ALONE)
                 if rates is None:
                     continue  # unmeasured: a probe measures it
                 draft = draft or self.draft_costs(kmax, load, rates=rates)

@@ -209,7 +209,7 @@ class Matcher:
 
     def mask(self, row: np.ndarray) -> np.ndarray:
         """The logits row with every token the grammar refuses at -inf (the bitmask kernel's effect)."""
-        allowed = self.allowed()
+        allowed = self.last_allowed = self.allowed()
         out = np.array(row, dtype=np.float32, copy=True)
         out[: len(allowed)][~allowed[: len(out)]] = -np.inf
         if len(out) > len(allowed):
@@ -355,6 +355,21 @@ class GuidedRequest:
         """The output the target accepted (always within the grammar: the engine sampled it masked)."""
         self.matcher.advance(new)
 
+    def mask_rows(self, rows: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
+        """The logits rows of `tokens`' positions with what the grammar refuses there at -inf: row i with its state
+        after tokens[:i], the distribution the engine sampled tokens[i] from. Its state is unchanged."""
+        out = np.array(rows, dtype=np.float32, copy=True)
+        n = 0
+        for i, t in enumerate(tokens[: len(out)]):
+            if self.matcher.terminated:
+                break
+            out[i] = self.matcher.mask(out[i])
+            if not self.matcher.accept(t):
+                break
+            n += 1
+        self.matcher.rollback(n)
+        return out
+
 
 # ---------------------------------------------------------------------------------------------- the engine's side
 
@@ -392,6 +407,22 @@ class EngineGuide:
 
     def accept(self, token: int) -> bool:
         return self.matcher.accept(token)
+
+
+def dead_end(row: np.ndarray, allowed: np.ndarray, end_id: int | None, position: int) -> np.ndarray:
+    """A masked logits row with no finite entry (the grammar allows only tokens the request's processing removed:
+    the end token under min_tokens, bad words, a draft vocabulary) made a distribution again, so that sampling never
+    sees a row of -inf (its softmax is NaN): where the grammar may end there, the end token is certain (the guide
+    wins over min_tokens: nothing else may follow); otherwise the request fails with the reason, as TensorRT-LLM's
+    guided decoder fails a request whose bitmask row allows nothing."""
+    if np.isfinite(row).any():
+        return row
+    if end_id is not None and 0 <= end_id < len(allowed) and allowed[end_id]:
+        out = np.full_like(row, -np.inf)
+        out[end_id] = 0.0
+        return out
+    raise ValueError(f"guided decoding: at output position {position} the guide allows only tokens that the request "
+                     "itself excludes (bad_words, min_tokens, embedding_bias or a draft vocabulary): no token can follow")
 
 
 def guide_masks(guide: EngineGuide, draft: Sequence[int]) -> list[np.ndarray]:

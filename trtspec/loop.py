@@ -204,14 +204,15 @@ class SpeculativeLoop:
         self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray], min_tokens: int,
         log_probs: bool = False,
         in_target: TargetDrafter | None = None, next_k: int = 0, top: int = 0, temperature: float | None = None,
-        plain: int = 1,
+        plain: int = 1, guided: GuidedRequest | None = None,
     ) -> tuple[list[int], list[float] | None, TopLogProbs | None]:
         """The target's new tokens, and with `log_probs` its log-probability of each (TensorRT-LLM's output_log_probs),
         with `top` its `top` most likely tokens at each new token's position (from its generation_logits).
         `common`: the request's sampling and stop-word tensors, built once per request; `min_tokens`: how many
         more tokens the request must generate before the end token may come (each call is a new engine request);
         `in_target`: the drafter that takes the target's draft for the next call (next_k tokens) from this answer;
-        `plain`: without a draft, the tokens to ask for (the engine steps them)."""
+        `plain`: without a draft, the tokens to ask for (the engine steps them); `guided`: the request's grammar
+        state, which masks the rows `top` is taken from as the engine masked the distributions it sampled from."""
         tensors = dict(common)
         tensors.update(
             input_ids=np.array([seq], dtype=np.int32),
@@ -250,7 +251,8 @@ class SpeculativeLoop:
                 raise EngineCallError(
                     f"{self.settings.target_model} returned {0 if rows is None else len(rows)} rows of "
                     f"generation_logits for {len(new)} new tokens (top_log_probs needs one per token)")
-            alternatives = TopLogProbs.from_logits(rows[: len(new)], top, temperature)
+            rows = rows[: len(new)] if guided is None else guided.mask_rows(rows[: len(new)], new)
+            alternatives = TopLogProbs.from_logits(rows, top, temperature)
         if not log_probs:
             return new, None, alternatives
         if "output_log_probs" not in out:
@@ -320,7 +322,7 @@ class SpeculativeLoop:
             with self.estimates.target_call(1 + len(draft)) as step:  # a step's tokens: a plain run's is 1
                 new, log_probs, top = self._verify(
                     seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), bool(req.return_log_probs),
-                    in_target, plan.next_k, req.top_log_probs or 0, req.temperature, plan.plain,
+                    in_target, plan.next_k, req.top_log_probs or 0, req.temperature, plan.plain, guided,
                 )
             verify_s = time.perf_counter() - t0
             raw = list(new)

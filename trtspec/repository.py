@@ -175,9 +175,9 @@ def _guided_params(config: mc.ModelConfig, guided: GuidedSettings | None, refere
 def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_input_names: dict[str, str],
                   guided: GuidedSettings | None = None) -> LoopSettings:
     spec = cfg.speculative
-    if spec.adaptive.draft_calls_batched is None:  # resolved here, where the device is known
+    if spec.adaptive.batched_steps is None:  # resolved here, where the device is known
         batched = not (cfg.engine == "reference" and cfg.device != "cuda")
-        spec = spec.model_copy(update={"adaptive": spec.adaptive.model_copy(update={"draft_calls_batched": batched})})
+        spec = spec.model_copy(update={"adaptive": spec.adaptive.model_copy(update={"batched_steps": batched})})
     return LoopSettings(
         guided=guided,
         speculative=spec,
@@ -374,7 +374,8 @@ def _write_models(
     ):
         c = w.batch(load_template(template))
         c.name = name
-        c.instance_group[0].count = cfg.triton.speculative_instance_count if not baseline else 1
+        # the target-only endpoints get as many as the speculative ones: a comparison against fewer would flatter it
+        c.instance_group[0].count = cfg.triton.speculative_instance_count
         declare_io(c, version)
         settings = loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases,
                                  guided=guided)

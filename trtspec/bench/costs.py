@@ -185,9 +185,11 @@ class EngineCurve:
         )
 
     def step(self, rows: int, tokens: int) -> float:
-        # rows of one token each, then what the extra tokens of verify rows add as one row's verify does
+        # rows of one token each, then what the extra tokens of verify rows add as one row's verify does; at least
+        # what as many one-token rows cost (a compute-bound step, a CPU's, prices a token alike in any row)
         extra = max(tokens - rows, 0)
-        return _interp(self.batch_s, max(rows, 1)) + _interp(self.verify_s, 1 + extra) - self.verify_s[1]
+        as_rows = _interp(self.batch_s, max(rows, 1)) + _interp(self.verify_s, 1 + extra) - self.verify_s[1]
+        return max(as_rows, _interp(self.batch_s, max(tokens, 1)))
 
 
 @dataclass(frozen=True)

@@ -14,87 +14,18 @@ Requests arrive and leave: when one finishes, the next takes its place while the
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
 from trtspec.bench.costs import Costs
+from trtspec.bench.overlapped import simulate_overlapped
+from trtspec.bench.workload import (PROFILES, Acceptance, CellResult, Policy, Schedule, SyntheticRequest, constant,
+                                    ramp)
 from trtspec.config import SpeculativeConfig
-from trtspec.drafters import Proposal
-from trtspec.planner import Planner, RequestPolicy
 from trtspec.controller import Estimates
-
-VOCAB = 32000
-
-
-@dataclass(frozen=True)
-class Acceptance:
-    """Conditional acceptance by position: first * decay^i; `drop`: (from, to) fractions of the run's steps where
-    the first position's acceptance is `low` instead (the text turns hard to draft, then easy again)."""
-
-    name: str
-    first: float
-    decay: float = 0.92
-    drop: tuple[float, float] | None = None
-    low: float = 0.1
-
-    def at(self, position: int, progress: float) -> float:
-        first = self.low if self.drop and self.drop[0] <= progress < self.drop[1] else self.first
-        return first * self.decay ** position
-
-
-PROFILES = {
-    "strong": Acceptance("strong (0.75)", 0.75),
-    "medium": Acceptance("medium (0.5)", 0.5),
-    "weak": Acceptance("weak (0.25)", 0.25),
-    "drop": Acceptance("drop (0.75 -> 0.1 -> 0.75)", 0.75, drop=(1 / 3, 2 / 3)),
-}
-
-
-@dataclass(frozen=True)
-class Policy:
-    """target-only (k = 0, no drafter), fixed k, or the controller (adaptive, at most k)."""
-
-    name: str
-    k: int
-    adaptive: bool
-
-    @classmethod
-    def parse(cls, text: str) -> "Policy":
-        if text in ("target-only", "0"):
-            return cls("target-only", 0, False)
-        if text.startswith("controller"):
-            k = int(text.split(":", 1)[1]) if ":" in text else 4
-            return cls(f"controller, k <= {k}", k, True)
-        return cls(f"k={int(text)}", int(text), False)
-
-
-@dataclass
-class CellResult:
-    policy: str
-    concurrency: str
-    profile: str
-    tokens: int = 0
-    seconds: float = 0.0
-    iterations: int = 0
-    drafted: int = 0  # iterations that verified a draft
-    draft_tokens: int = 0
-    accepted: int = 0
-    k_counts: list[int] = field(default_factory=list)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
-
-    def to_dict(self) -> dict:
-        return {
-            "policy": self.policy, "concurrency": self.concurrency, "profile": self.profile, "tokens": self.tokens,
-            "seconds": self.seconds, "tokens_per_s": self.tokens_per_s, "iterations": self.iterations,
-            "drafted": self.drafted, "draft_tokens": self.draft_tokens, "accepted": self.accepted,
-            "k_counts": self.k_counts,
-        }
-
+from trtspec.planner import Planner, RequestPolicy
 
 @dataclass
 class _Call:
@@ -109,45 +40,6 @@ class _Call:
     tokens: int = 0  # tokens in the target's (last) step
     catchup: int = 0  # tokens the draft engine's call caught up on, for every request in it
 
-
-class _Request:
-    def __init__(self, planner: Planner, rng: np.random.Generator, prompt: int, max_tokens: int):
-        self.planner, self.rng = planner, rng
-        self.truth = rng.integers(0, VOCAB, prompt + max_tokens + 64).tolist()  # the target's greedy text
-        self.seq = self.truth[:prompt]
-        self.prompt, self.max_tokens = prompt, max_tokens
-        self.call: _Call | None = None
-        self.next: list[int] = []  # the target's own drafter's draft that came with the last answer
-        self.done = False
-
-    def draft(self, k: int, acceptance: Acceptance, progress: float) -> list[int]:
-        """k proposed tokens after the sequence: the target's own while each position passes, then a wrong one."""
-        pos, out = len(self.seq), []
-        for i in range(k):
-            if self.rng.random() < acceptance.at(i, progress):
-                out.append(self.truth[pos + i])
-            else:
-                out.append((self.truth[pos + i] + 1) % VOCAB)
-                out += self.rng.integers(0, VOCAB, k - i - 1).tolist()
-                break
-        return out
-
-    def propose(self, source: str, seq: Sequence[int], k: int) -> Proposal:
-        return Proposal(list(self.next)) if source == "model" else Proposal([])
-
-
-Schedule = Callable[[float], int]  # progress (0..1 of the run's requests) -> requests in flight
-
-
-def constant(n: int) -> Schedule:
-    return lambda progress: n
-
-
-def ramp(peak: int) -> Schedule:
-    """1 -> peak -> 1, in equal thirds of the run (the load doubles and halves in steps)."""
-    levels = [2 ** i for i in range(int(np.log2(peak)) + 1)]
-    path = levels + levels[::-1]
-    return lambda progress: path[min(int(progress * len(path)), len(path) - 1)]
 
 
 def simulate(
@@ -177,7 +69,7 @@ def simulate(
     estimates = Estimates()
     result = CellResult(policy.name, concurrency_label, acceptance.name)
     started, finished = 0, 0
-    active: list[_Request] = []
+    active: list[SyntheticRequest] = []
     sources = ("model",) if policy.k else ()
     pol = RequestPolicy(max_tokens=max_tokens, num_draft_tokens=policy.k, adaptive=policy.adaptive,
                         selection="model", stream=stream)
@@ -189,7 +81,7 @@ def simulate(
             n = int(rng.integers(max_tokens // 2, max_tokens * 3 // 2 + 1))
             planner = Planner(spec, estimates, dataclasses.replace(pol, max_tokens=n), sources,
                               in_target=in_engine and bool(sources))
-            active.append(_Request(planner, np.random.default_rng(rng.integers(1 << 62)), prompt, n))
+            active.append(SyntheticRequest(planner, np.random.default_rng(rng.integers(1 << 62)), prompt, n))
             started += 1
 
     admit()
@@ -307,11 +199,12 @@ class Cell:
 def run_matrix(
     costs: Costs,
     concurrencies: Sequence[int | str],
-    profiles: Sequence[str],
+    profiles: Sequence[str | Acceptance],
     fixed_k: Sequence[int],
     controller_k: int,
     *,
     in_engine: bool = False,
+    overlapped: dict | None = None,
     requests: int = 48,
     max_tokens: int = 96,
     prompt: int = 256,
@@ -320,7 +213,10 @@ def run_matrix(
 ) -> list[Cell]:
     """Every (concurrency, profile) cell: target-only, each fixed k and the controller (at most controller_k).
     A concurrency is a number of requests in flight, or "ramp:N" (1 -> N -> 1). Each cell runs at least
-    `requests` requests, and twice its concurrency, so that requests arrive and leave throughout."""
+    `requests` requests, and twice its concurrency, so that requests arrive and leave throughout. A profile is a
+    PROFILES name or an Acceptance. `overlapped`: run the engines overlapping (trtspec.bench.overlapped), with
+    these keyword arguments of simulate_overlapped (call_s, stream, max_batch)."""
+
     policies = [Policy.parse("target-only"), *(Policy.parse(str(k)) for k in fixed_k if k),
                 Policy.parse(f"controller:{controller_k}")]
     cells = []
@@ -331,13 +227,18 @@ def run_matrix(
             schedule, n_requests = ramp(peak), max(requests, 6 * peak)
         else:
             schedule, n_requests = constant(int(text)), max(requests, 2 * int(text))
-        for name in profiles:
+        for profile in profiles:
+            acceptance = profile if isinstance(profile, Acceptance) else PROFILES[profile]
             results = {}
             for policy in policies:
-                results[policy.name] = simulate(costs, policy, schedule, PROFILES[name], in_engine=in_engine,
-                                                requests=n_requests, max_tokens=max_tokens, prompt=prompt, seed=seed,
-                                                concurrency_label=text)
-            cell = Cell(text, PROFILES[name].name, results)
+                common = dict(requests=n_requests, max_tokens=max_tokens, prompt=prompt, seed=seed,
+                              concurrency_label=text)
+                if overlapped is not None:
+                    results[policy.name] = simulate_overlapped(costs, policy, schedule, acceptance, **common,
+                                                               **overlapped)
+                else:
+                    results[policy.name] = simulate(costs, policy, schedule, acceptance, in_engine=in_engine, **common)
+            cell = Cell(text, acceptance.name, results)
             cells.append(cell)
             ctl = next(n for n in results if n.startswith("controller"))
             vs_base, vs_best = cell.ratios(ctl)

@@ -26,11 +26,22 @@ Cost models (--costs):
                      this CPU, or a GPU where one was at hand
 
 \b
+Engines (--engines):
+  lockstep           a draft call, then one target step over every request, as on one GPU
+  overlapped         the draft and target engines on their own clocks at once, each stepping its own
+                     in-flight batch, and each engine call costing --call-ms of the loop's own (a Triton
+                     round trip): the reference engine on a CPU, its engines on separate cores, the
+                     bench's requests streamed. With the costs of `trtspec bench-engine` on that CPU and
+                     --acceptance from a `trtspec bench` run, it predicts that run's ratios
+
+\b
 Examples:
   trtspec simulate                                           # H100, Llama-3.1-8B + Llama-3.2-1B
   trtspec simulate --concurrency 1,4,16,64,ramp:256 --profiles drop
   trtspec simulate --costs target.json --draft-costs draft.json --concurrency 1,4,8
   trtspec simulate --method eagle3 --target llama-3.1-8b
+  trtspec simulate --costs target.json --draft-costs draft.json --engines overlapped --prompt 60 \\
+      --max-tokens 32 --acceptance 0.6,0.55,0.5,0.45 --concurrency 1,4,8 --fixed-k 1,2,4
 """
 
 
@@ -45,6 +56,13 @@ Examples:
 @click.option("--concurrency", default="1,2,4,8,16,32,64,128,256", show_default=True,
               help="Requests in flight, comma-separated; ramp:N runs 1 -> N -> 1.")
 @click.option("--profiles", default="strong,medium,weak,drop", show_default=True, help="Acceptance profiles.")
+@click.option("--acceptance", default=None, metavar="A0,A1,...",
+              help="Instead of --profiles: the conditional acceptance of each draft position, as measured (e.g. "
+                   "`trtspec bench`'s acceptance per position, each divided by the one before).")
+@click.option("--engines", type=click.Choice(["lockstep", "overlapped"]), default="lockstep", show_default=True,
+              help="How the draft and target engines share time (see above).")
+@click.option("--call-ms", type=click.FloatRange(0.0), default=4.0, show_default=True,
+              help="overlapped: the loop's own time per engine call (a Triton round trip and its Python).")
 @click.option("--fixed-k", default="1,2,3,4,5,6,7,8", show_default=True, help="Fixed draft lengths run beside it.")
 @click.option("--max-draft", type=click.IntRange(1, 64), default=4, show_default=True,
               help="The controller's cap (num_draft_tokens).")
@@ -59,10 +77,11 @@ Examples:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a plot (PNG) of the controller's ratios here.")
 def command(costs: str, draft_costs: Path | None, target: str, draft: str, method: str, concurrency: str,
-            profiles: str, fixed_k: str, max_draft: int, requests: int, max_tokens: int, prompt: int, seed: int,
+            profiles: str, acceptance: str | None, engines: str, call_ms: float, fixed_k: str, max_draft: int, requests: int, max_tokens: int, prompt: int, seed: int,
             json_path: Path | None, plot_path: Path | None) -> None:
     from trtspec.bench.costs import GPU_PEAKS, EngineCurve, GpuCosts, MeasuredCosts, Shape
-    from trtspec.bench.simulate import PROFILES, run_matrix
+    from trtspec.bench.simulate import run_matrix
+    from trtspec.bench.workload import PROFILES, Acceptance
     from trtspec.checkpoint import CheckpointError, inspect_checkpoint
 
     def shape(name: str) -> Shape:
@@ -76,10 +95,20 @@ def command(costs: str, draft_costs: Path | None, target: str, draft: str, metho
         except ValueError as e:
             raise click.BadParameter(str(e)) from None
 
-    unknown = [p for p in profiles.split(",") if p not in PROFILES]
-    if unknown:
-        raise click.BadParameter(f"unknown profile(s) {unknown}; known: {', '.join(PROFILES)}", param_hint="--profiles")
+    if acceptance is not None:
+        try:
+            chosen: list = [Acceptance.measured(acceptance)]
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--acceptance") from None
+    else:
+        chosen = profiles.split(",")
+        unknown = [p for p in chosen if p not in PROFILES]
+        if unknown:
+            raise click.BadParameter(f"unknown profile(s) {unknown}; known: {', '.join(PROFILES)}",
+                                     param_hint="--profiles")
     in_engine = method == "eagle3"
+    if in_engine and engines == "overlapped":
+        raise click.UsageError("--engines overlapped has a draft engine of its own: it runs --method draft_model")
     if costs.startswith("gpu:"):
         gpu = costs.split(":", 1)[1]
         if gpu not in GPU_PEAKS:
@@ -96,13 +125,15 @@ def command(costs: str, draft_costs: Path | None, target: str, draft: str, metho
     for line in model.assumptions():
         click.echo(f"  {line}")
     ks = [int(k) for k in fixed_k.split(",") if k.strip()]
-    cells = run_matrix(model, concurrency.split(","), profiles.split(","), ks, max_draft, in_engine=in_engine,
+    overlapped = dict(call_s=call_ms / 1e3) if engines == "overlapped" else None
+    cells = run_matrix(model, concurrency.split(","), chosen, ks, max_draft, in_engine=in_engine, overlapped=overlapped,
                        requests=requests, max_tokens=max_tokens, prompt=prompt, seed=seed, progress=click.echo)
     worst = min(c.ratios(next(n for n in c.results if n.startswith("controller")))[0] for c in cells)
     worst_best = min(c.ratios(next(n for n in c.results if n.startswith("controller")))[1] for c in cells)
     click.echo(f"controller: at worst {worst:.2f}x target-only, {worst_best:.2f}x the best fixed k in hindsight")
     if json_path:
         json_path.write_text(json.dumps({"costs": model.name, "assumptions": model.assumptions(), "method": method,
+                                         "engines": engines, "call_ms": call_ms,
                                          "cells": [c.to_dict() for c in cells]}, indent=1))
         click.echo(f"wrote {json_path}")
     if plot_path:

@@ -142,8 +142,32 @@ def generate(
     if speculative:
         doc["speculative_config"] = speculative_config(cfg, draft_dir, version, target_dir)
         doc["disable_overlap_scheduler"] = lim.disable_overlap_scheduler
+    if guided_refusal(cfg, version, speculative) is None:
+        g = version_fields(version)["guided_decoding"]
+        doc[g["backend_field"]] = g["backend"]
     validate(doc, version)
     return doc
+
+
+def guided_method(cfg: BuildConfig, version: str | None = None) -> str:
+    """The speculation method as the release's guided-decoding support names it (eagle3 or eagle3_two_model)."""
+    method = cfg.speculative.method or "draft_model"
+    return "eagle3_two_model" if method == "eagle3" and load_controls(cfg, version).two_model else method
+
+
+def guided_refusal(cfg: BuildConfig, version: str | None = None, speculative: bool = True) -> str | None:
+    """None where TensorRT-LLM `version` serves guided decoding with the deployment's speculation (model.yaml then
+    sets guided_decoding_backend); otherwise why not, which the endpoint answers guided requests with."""
+    g = version_fields(version)["guided_decoding"]
+    if not speculative:
+        return None
+    method = guided_method(cfg, version)
+    if method in g["methods"]:
+        return None
+    v = version or f"{pinned_version()} (pinned)"
+    hint = "; set llmapi.eagle3_two_model: true" if method == "eagle3" and "eagle3_two_model" in g["methods"] else ""
+    return (f"TensorRT-LLM {v} does not combine guided decoding with speculative.method {method}"
+            f"{' (one-model)' if method == 'eagle3' else ''}: {g['refused'].get(method, 'not listed')}{hint}, or pin 1.2")
 
 
 def validate(doc: dict[str, Any], version: str | None = None) -> None:

@@ -12,6 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from trtspec.config import BuildConfig, LlmapiConfig, checkpoint_path
 from trtspec.contract.models import BASELINE, ENSEMBLE
 from trtspec.llmapi import model_yaml
+from trtspec.llmapi.serving import GUIDED_REFUSAL
 from trtspec.methods import METHODS
 
 MODEL_PY = Path(__file__).resolve().parent.parent / "model_repository" / "llmapi" / "1" / "model.py"
@@ -47,5 +48,9 @@ def model_yamls(cfg: BuildConfig, draft_dir: Path | None = None, version: str | 
 def write_llmapi_models(cfg: BuildConfig, root: Path, write, base: mc.ModelConfig, **yaml_args) -> None:
     """`write(config, model_py)` is the repository writer's; `base` the text endpoint's config (endpoint_config)."""
     for name, doc in model_yamls(cfg, **yaml_args).items():
-        write(endpoint_config(base, name, cfg.limits.max_batch_size), MODEL_PY)
+        config = endpoint_config(base, name, cfg.limits.max_batch_size)
+        why = model_yaml.guided_refusal(cfg, yaml_args.get("version"), speculative=name == ENSEMBLE)
+        if why is not None:
+            config.parameters[GUIDED_REFUSAL].string_value = why
+        write(config, MODEL_PY)
         (root / name / "1" / "model.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))

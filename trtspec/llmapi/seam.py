@@ -25,3 +25,17 @@ def load_api():
     from trtspec.llmapi.standin import LLM, SamplingParams
 
     return LLM, SamplingParams, "trtspec.llmapi.standin", update_llm_args_with_extra_dict
+
+
+def load_guided_params():
+    """The LLM API's GuidedDecodingParams, from where load_api takes the LLM."""
+    if os.environ.get(FORCE_STANDIN) != "1":
+        try:
+            from tensorrt_llm.sampling_params import GuidedDecodingParams
+
+            return GuidedDecodingParams
+        except ImportError:
+            pass
+    from trtspec.llmapi.standin import GuidedDecodingParams
+
+    return GuidedDecodingParams

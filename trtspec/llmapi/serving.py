@@ -41,12 +41,35 @@ NEUTRAL = {"beam_width", "num_return_sequences", "return_log_probs", "return_con
            "return_generation_logits"}
 
 
-def parse(get: Getter, default_draft_len: int) -> ParsedRequest:
+# the Triton backend's guided_decoding_guide_type -> the LLM API's GuidedDecodingParams field (its value: the guide;
+# json takes no guide: json_object True). As the executor maps GuidedDecodingParams back to its guide types.
+GUIDED_FIELDS = {"json": "json_object", "json_schema": "json", "regex": "regex", "ebnf_grammar": "grammar"}
+GUIDED = {"guided_decoding_guide_type", "guided_decoding_guide"}
+# the endpoint's config parameter that says why it refuses guided requests (absent: it serves them)
+GUIDED_REFUSAL = "guided_decoding_refused"
+
+
+def guided_params(guide_type: str | None, guide: str | None, refused: str | None) -> dict[str, Any] | None:
+    """GuidedDecodingParams' arguments for the request's guide (trtspec.guided checks it); None without one.
+    `refused`: why this endpoint serves no guided requests (its TensorRT-LLM release and speculation), or None."""
+    from trtspec.guided import guide_of
+
+    g = guide_of(guide_type, guide)
+    if g is None:
+        return None
+    if refused is not None:
+        raise RequestError(f"guided_decoding_guide_type: not available on this endpoint (engine: llmapi): {refused}")
+    key = GUIDED_FIELDS[g.type]
+    return {key: True if key == "json_object" else g.text}
+
+
+def parse(get: Getter, default_draft_len: int, guided_refused: str | None = None) -> ParsedRequest:
+    """`guided_refused`: why the endpoint serves no guided requests (None: it serves them)."""
     for f in REQUEST_FIELDS:  # a field read under an older name (min_length, random_seed) is read as its own
         sent = [n for n in (f.name, *f.aliases) if get(n) not in (None, "", [])]
         if sent and f.refuse:
             f.validate(True)
-        if sent and f.name not in SERVED | NEUTRAL:
+        if sent and f.name not in SERVED | NEUTRAL | GUIDED:
             raise RequestError(f"{sent[0]}: not available with engine: llmapi; leave it out")
         if sent and sent[0] != f.name:
             get = (lambda g, alias, name: lambda n: g(alias) if n == name else g(n))(get, sent[0], f.name)
@@ -84,6 +107,9 @@ def parse(get: Getter, default_draft_len: int) -> ParsedRequest:
         words = [w for w in (get(name) or []) if w]
         if words:
             sampling[key] = words
+    guided = guided_params(get("guided_decoding_guide_type"), get("guided_decoding_guide"), guided_refused)
+    if guided is not None:
+        sampling["guided_decoding"] = guided  # GuidedDecodingParams(**guided) at the model
     return ParsedRequest(str(text), bool(get("stream")), sampling)
 
 

@@ -18,7 +18,10 @@ honoured per request at admission
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
+import json as _json
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,7 @@ import numpy as np
 
 from trtspec.batching import BatchScheduler
 from trtspec.config import SpeculativeConfig
+from trtspec.guided import GuidedSettings
 from trtspec.llmapi.fields import version_fields
 from trtspec.llmapi.parser import decoding_config_from_dict
 from trtspec.loop import Step, LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
@@ -35,6 +39,38 @@ from trtspec.reference_engine import ReferenceEngine, request_from_tensors, resu
 from trtspec.speculative import draft_len_at_load
 
 TARGET, DRAFT = "target", "draft"
+
+
+@dataclass(kw_only=True)
+class GuidedDecodingParams:
+    """TensorRT-LLM's (tensorrt_llm/sampling_params.py): one guide a request."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    structural_tag: str | None = None
+
+    def _validate(self) -> None:
+        n = sum(bool(getattr(self, f.name)) for f in dataclasses.fields(self))
+        if n > 1:
+            raise ValueError(f"Only one guide can be used for a request, but got {n}.")
+
+    def guide(self) -> tuple[str, str | None] | None:
+        """(the Triton backend's guide type, the guide) of this guide: the executor's GuideType it maps to."""
+        self._validate()
+        if self.json_object:
+            return "json", None
+        if self.json is not None:
+            return "json_schema", self.json if isinstance(self.json, str) else _json.dumps(self.json)
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.grammar is not None:
+            return "ebnf_grammar", self.grammar
+        if self.structural_tag is not None:
+            raise ValueError("guided_decoding.structural_tag: not served by the CPU stand-in (json, json_object, "
+                             "regex and grammar are)")
+        return None
 
 
 @dataclass
@@ -51,6 +87,7 @@ class SamplingParams:
     min_tokens: int | None = None
     return_perf_metrics: bool = False
     detokenize: bool = True
+    guided_decoding: GuidedDecodingParams | None = None
 
 
 @dataclass
@@ -214,6 +251,19 @@ class _Requests:
                 self.in_flight -= 1
 
 
+def _check_guided(backend: str | None, method: str | None) -> str | None:
+    """guided_decoding_backend, refused where the pinned release refuses it with this speculation (api_surface.json
+    guided_decoding: py_executor_creator's check)."""
+    if backend is None:
+        return None
+    if backend != "xgrammar":
+        raise ValueError(f"guided_decoding_backend {backend!r}: the CPU stand-in serves xgrammar only")
+    g = version_fields()["guided_decoding"]
+    if method is not None and method not in g["methods"]:
+        raise ValueError(f"Guided decoding with speculative_config {method}: {g['refused'].get(method, 'not supported')}")
+    return backend
+
+
 # speculative method -> the loop's draft source (None: no speculation)
 STANDIN_SOURCES: dict[str | None, str | None] = {None: None, "draft_model": "model", "ngram": "ngram", "eagle3": "model"}
 
@@ -232,9 +282,11 @@ class LLM:
         if isinstance(speculative_config, dict):  # LLM(speculative_config={...}) without the YAML parser
             speculative_config = decoding_config_from_dict(speculative_config)
         self.args = dict(kwargs, model=str(model), speculative_config=speculative_config)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or model))
         spec = speculative_config.values if speculative_config is not None else {}
         method = speculative_config.method if speculative_config is not None else None
+        two_model = method == "eagle3" and spec.get("eagle3_one_model") is False
+        self.guided_backend = _check_guided(kwargs.get("guided_decoding_backend"), "eagle3_two_model" if two_model else method)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or model))
         if method not in STANDIN_SOURCES:
             raise ValueError(
                 f"speculative_config: {speculative_config.cls} ({method}) is not served by the CPU stand-in; "
@@ -252,12 +304,16 @@ class LLM:
         batch = int(kwargs.get("max_batch_size") or 8)
         limits = {"max_batch_size": batch, "max_num_tokens": int(kwargs.get("max_num_tokens") or 8192)}
         draft = spec.get("speculative_model") or spec.get("speculative_model_dir")
+        info = self._tokenizer_info() if self.guided_backend else None
         # EAGLE-3: the head drafts inside the target engine (TensorRT-LLM's one-model path), no draft engine
         head = draft if method == "eagle3" else None
-        engines = {TARGET: BatchScheduler(ReferenceEngine(model, dtype="float32", cache_entries=2 * batch, eagle3_head=head), **limits)}
+        target = ReferenceEngine(model, dtype="float32", cache_entries=2 * batch, eagle3_head=head, xgrammar_tokenizer_info=info)
+        engines = {TARGET: BatchScheduler(target, **limits)}
         if method == "draft_model":
-            engines[DRAFT] = BatchScheduler(ReferenceEngine(draft, dtype="float32", cache_entries=2 * batch, salt=1, use_draft_vocab=True), **limits)
+            engines[DRAFT] = BatchScheduler(ReferenceEngine(draft, dtype="float32", cache_entries=2 * batch, salt=1, use_draft_vocab=True,
+                                                            xgrammar_tokenizer_info=info), **limits)
         self.engines = engines
+        guided = None if info is None else GuidedSettings(tokenizer_info=str(info), vocab_size=target.vocab_size)
         # TensorRT-LLM's NGram drafter has no minimum n-gram size: n goes down to 1
         ngram_max = int(spec.get("max_matching_ngram_size") or 2)
         settings = LoopSettings(
@@ -274,10 +330,19 @@ class LLM:
             target_model=TARGET,
             draft_model=DRAFT if method == "draft_model" else None,
             draft_disabled=self.source is None,
+            guided=guided,
         )
         self.loop = SpeculativeLoop(settings, _EngineCall(engines))
         self._ids = itertools.count()
         self._requests = _Requests(self)
+
+    def _tokenizer_info(self) -> Path:
+        """The xgrammar tokenizer info the engines mask with, written from the tokenizer as TensorRT-LLM's
+        _xgrammar_tokenizer_info builds it."""
+        from trtspec.guided import tokenizer_info_dict, write_tokenizer_info
+
+        self._guided_dir = tempfile.TemporaryDirectory(prefix="trtspec-llmapi-guided-")
+        return write_tokenizer_info("", Path(self._guided_dir.name), tokenizer_info_dict(self.tokenizer))
 
     def iteration(self) -> int:
         """The target engine's step count: the executor's iteration counter."""
@@ -308,6 +373,9 @@ class LLM:
         out = RequestOutput(next(self._ids), prompt, ids, self, sp)
         stop, bad = self._words(sp.stop), self._words(sp.bad)
         end_id = sp.end_id if sp.end_id is not None else self.tokenizer.eos_token_id
+        guide = sp.guided_decoding.guide() if sp.guided_decoding is not None else None
+        if guide is not None and self.guided_backend is None:
+            raise ValueError("SamplingParams.guided_decoding needs the LLM's guided_decoding_backend (xgrammar)")
         req = LoopRequest(
             prompt=ids,
             max_tokens=sp.max_tokens,
@@ -320,6 +388,8 @@ class LLM:
             top_k=sp.top_k,
             top_p=sp.top_p,
             seed=sp.seed,
+            guided_decoding_guide_type=guide[0] if guide else None,
+            guided_decoding_guide=guide[1] if guide else None,
         )
         self._requests.start(out, req)
         return out
@@ -335,4 +405,4 @@ class LLM:
             engine.close()
 
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "LoopRequestError"]
+__all__ = ["LLM", "SamplingParams", "GuidedDecodingParams", "RequestOutput", "CompletionOutput", "LoopRequestError"]

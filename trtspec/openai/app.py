@@ -28,7 +28,8 @@ from trtspec.metrics import SpecStats
 from trtspec.openai.backend import TritonBackend, TritonStream, unavailable
 from trtspec.openai.protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, OpenAIError, GenerationRequest
 from trtspec.openai.stop import StopMatcher
-from trtspec.openai.structured import Plan, parse_tool_calls
+from trtspec.openai.structured import Plan, content_before_calls, parse_tool_calls
+from trtspec.openai.tool_calls import ToolCallStream
 from trtspec.server.watchdog import Health
 
 #: how long a request that arrives while the deployment restarts waits for it before it gets a 503
@@ -136,8 +137,8 @@ class _Reply:
                logprobs: dict[str, Any] | None = None, tool_calls: list[dict[str, Any]] | None = None,
                **extra: Any) -> dict[str, Any]:
         c: dict[str, Any] = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason, **extra}
-        if self.chat and tool_calls:
-            c["delta" if delta else "message"] = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+        if self.chat and tool_calls:  # `text`: what the model wrote beside its calls, or nothing
+            c["delta" if delta else "message"] = {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
         elif self.chat:
             c["delta" if delta else "message"] = {"role": "assistant", "content": text}
         else:
@@ -285,7 +286,9 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
             if not req.wants_log_probs:
                 return None
             decode = lambda t: backend.tokenizer.decode([t])  # noqa: E731
-            tops = [[(decode(a), lp) for a, lp in row] for row in top.rows()[: len(ids)]] if top is not None else None
+            # a token with probability 0 there (refused by a guide: -inf) is no alternative
+            tops = ([[(decode(a), lp) for a, lp in row if lp > float("-inf")] for row in top.rows()[: len(ids)]]
+                    if top is not None else None)
             return reply.logprobs([decode(t) for t in ids], lps, offset, tops)
 
         def per_choice(i: int) -> dict[str, Any]:
@@ -311,8 +314,9 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
                 await asyncio.gather(*(drain(d) for d in deltas))
             finally:  # a failed choice ends the others in Triton too
                 await asyncio.gather(*(d.aclose() for d in deltas), return_exceptions=True)
-            choices = [reply.choice(echo + o.text, o.ids, finish_reason(o, calls, structured), delta=False, index=i,
-                                    tool_calls=calls, **per_choice(i))
+            choices = [reply.choice(content_before_calls(o.text) if calls else echo + o.text, o.ids,
+                                    finish_reason(o, calls, structured), delta=False, index=i, tool_calls=calls,
+                                    **per_choice(i))
                        for i, o in enumerate(outs)
                        for calls in [parse_tool_calls(structured, o.text) if structured.calls_tools else None]]
             return reply.envelope(choices, stream=False, usage=usage(), speculative=speculative())
@@ -356,27 +360,32 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
                 return json.dumps(reply.envelope([reply.choice(text, ids, finish, delta=True, index=i, logprobs=logprobs)],
                                                  stream=True, **extra))
 
-            def tool_chunks(i: int) -> list[str]:
-                """A tool-call choice's output, held back while it was generated: its calls, or its text."""
-                calls = parse_tool_calls(structured, outs[i].text)
-                if calls is None:
-                    return [chunk(i, outs[i].text, [], [])] if outs[i].text else []
-                deltas = [dict(c, index=n) for n, c in enumerate(calls)]
-                return [json.dumps(reply.envelope([reply.choice("", None, None, delta=True, index=i, tool_calls=deltas)],
-                                                  stream=True))]
+            def tool_chunks(i: int, content: str, calls: list[dict[str, Any]]) -> list[str]:
+                """A tool-call choice's next pieces: text beside the calls, and tool_calls deltas (OpenAI's)."""
+                out = [chunk(i, content, [], [])] if content else []
+                # one entry a chunk, as OpenAI sends them: a call's name, then its arguments piece by piece
+                return out + [json.dumps(reply.envelope([reply.choice("", None, None, delta=True, index=i, tool_calls=[c])],
+                                                        stream=True)) for c in calls]
 
+            streams = [ToolCallStream(structured) for _ in outs] if structured.calls_tools else []
             try:
                 for i, first in enumerate(firsts):
-                    if (echo or first is not None) and not structured.calls_tools:
+                    if streams:
+                        for c in tool_chunks(i, *streams[i].feed(first[0] if first is not None else "")):
+                            yield c
+                    elif echo or first is not None:
                         text, ids, lps, top = first if first is not None else ("", [], [], None)
                         yield chunk(i, text, ids, lps, top, prefix=echo)
                 async for i, item in merged():
                     if item is None:  # the choice's last chunk: why it ended and its acceptance figures
-                        calls = parse_tool_calls(structured, outs[i].text) if structured.calls_tools else None
-                        for c in tool_chunks(i) if structured.calls_tools else []:
+                        calls = parse_tool_calls(structured, outs[i].text) if streams else None
+                        for c in tool_chunks(i, *streams[i].finish()) if streams else []:
                             yield c
                         yield chunk(i, "", [], [], None, finish_reason(outs[i], calls, structured), speculative=outs[i].stats)
-                    elif (item[0] or item[1]) and not structured.calls_tools:
+                    elif streams:
+                        for c in tool_chunks(i, *streams[i].feed(item[0])):
+                            yield c
+                    elif item[0] or item[1]:
                         yield chunk(i, *item)
                 if req.include_usage:
                     yield json.dumps(reply.envelope([], stream=True, usage=usage()))

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trtspec.openai.tool_calls import OPEN_TAG, parse_tool_calls  # noqa: F401  (the API's)
 
 
 class JSONSchemaFormat(BaseModel):
@@ -181,28 +182,8 @@ def with_tool_prompt(messages: list[dict[str, Any]], tools: list[Tool]) -> list[
     return [{"role": "system", "content": tool_prompt(tools)}, *messages]
 
 
-def _call(name: str, arguments: Any) -> dict[str, Any]:
-    args = arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {})
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
-
-
-_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-
-
-def parse_tool_calls(p: Plan, text: str) -> list[dict[str, Any]] | None:
-    """The tool calls the output holds (OpenAI's tool_calls), or None: the output is the message's content."""
-    if p.mode == "named":
-        return [_call(p.named, text.strip())]
-    names = {t.function.name for t in p.tools}
-    candidates = [m.group(1) for m in _TAGGED.finditer(text)] or [text.strip()]
-    calls: list[dict[str, Any]] = []
-    for c in candidates:
-        try:
-            value = json.loads(c)
-        except ValueError:
-            return None
-        for item in value if isinstance(value, list) else [value]:
-            if not isinstance(item, dict) or item.get("name") not in names:
-                return None
-            calls.append(_call(item["name"], item.get("parameters", item.get("arguments"))))
-    return calls or None
+def content_before_calls(text: str) -> str | None:
+    """An answer's text before its first <tool_call> tag (the message's content beside its calls, as vLLM's
+    Hermes parser returns it); None where there is none."""
+    tag = text.find(OPEN_TAG)
+    return (text[:tag].strip() or None) if tag > 0 else None

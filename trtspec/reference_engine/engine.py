@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from trtspec.guided import EngineGuide, GuideCache, guide_masks
+from trtspec.guided import EngineGuide, GuideCache, dead_end, guide_masks
 from trtspec.ragged import ATTENTION, RaggedBatch, Segment, register as register_attention
 from trtspec.reference_engine import device as device_settings
 from trtspec.reference_engine.device import _DTYPES, choose_precision, pick_device, tune_for_cpu
@@ -279,6 +279,11 @@ class ReferenceEngine:
             row = self._process(raw, tokens, req, step)
             if guide is not None:  # the bitmask, before sampling
                 row = guide.mask(row)
+                allowed = guide.matcher.last_allowed
+                if self.draft_vocab is not None and not np.isfinite(row).any() and not (
+                        req.end_id is not None and allowed[req.end_id]):
+                    break  # nothing in the draft vocabulary that the grammar allows here: the proposal ends
+                row = dead_end(row, allowed, req.end_id, len(tokens) - n_in)
             t = int(row.argmax()) if sampling.greedy else sample(probabilities(row, sampling), rng)
             result.last_token_ns = time.monotonic_ns()
             result.first_token_ns = result.first_token_ns or result.last_token_ns
@@ -288,6 +293,8 @@ class ReferenceEngine:
             if guide is not None:
                 guide.accept(t)
             tokens.append(t)
+            if guide is not None and guide.matcher.terminated:
+                break  # the guide accepted a stop token that is not end_id: nothing may follow it
             if req.return_log_probs:  # a softmax over the vocabulary: only when asked
                 log_probs.append(self._log_prob(row, t))
             if req.stop_words and find_stop(tokens, req.stop_words, start=n_in) is not None:
@@ -316,6 +323,8 @@ class ReferenceEngine:
         masks = [] if guide is None else guide_masks(guide, draft)
         for i, allowed in enumerate(masks):
             rows[i, ~allowed] = -np.inf
+            start = len(seq) if req.guide_start is None else req.guide_start
+            rows[i] = dead_end(rows[i], allowed, req.end_id, len(seq) - start + i)
         sampling = self._sampling(req)
         if sampling.greedy:
             v = verify_greedy(draft, rows.argmax(axis=-1).tolist())
@@ -326,7 +335,12 @@ class ReferenceEngine:
                 q_logits = np.array(req.draft_logits[-k:], dtype=np.float64)
                 for i, allowed in enumerate(masks[:k]):  # the draft sampled from its masked distribution
                     q_logits[i, ~allowed] = -np.inf
-                q = probabilities(q_logits, req.sampling)
+                # a row the guide leaves nothing in (a draft token the grammar refuses, from a draft that was not
+                # masked) is q = 0: its token is rejected and the target samples its own there (a softmax of -inf
+                # rows is NaN, and a NaN q would accept any token)
+                live = np.isfinite(q_logits).any(axis=-1)
+                q = np.zeros_like(q_logits)
+                q[live] = probabilities(q_logits[live], req.sampling)
                 v = verify_rejection(draft, q, p, rng)
             else:
                 v = verify_by_target_sample(draft, p, rng)

@@ -12,7 +12,7 @@ import yaml
 
 from trtspec import triton_io as io
 from trtspec.llmapi import serving
-from trtspec.llmapi.seam import load_api
+from trtspec.llmapi.seam import load_api, load_guided_params
 from trtspec.metrics import PrometheusExporter
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -25,6 +25,8 @@ class TritonPythonModel:
         doc.pop("triton_config", None)
         self.max_draft_len = int((doc.get("speculative_config") or {}).get("max_draft_len") or 0)
         LLM, self.SamplingParams, self.implementation, parse = load_api()
+        self.GuidedDecodingParams = load_guided_params()
+        self.guided_refused = io.model_parameters(args).get(serving.GUIDED_REFUSAL) or None
         # as NVIDIA's llmapi model and trtllm-serve do: the YAML goes through update_llm_args_with_extra_dict
         self.llm = LLM(**parse({}, doc))
         label = io.model_parameters(args).get("metrics_label") or args["model_name"]
@@ -58,8 +60,11 @@ class TritonPythonModel:
     async def _serve(self, request):
         sender = request.get_response_sender()
         try:
-            parsed = serving.parse(lambda name: self._get(request, name), self.max_draft_len)
-            params = self.SamplingParams(**parsed.sampling)
+            parsed = serving.parse(lambda name: self._get(request, name), self.max_draft_len, self.guided_refused)
+            sampling = dict(parsed.sampling)
+            if "guided_decoding" in sampling:
+                sampling["guided_decoding"] = self.GuidedDecodingParams(**sampling["guided_decoding"])
+            params = self.SamplingParams(**sampling)
             output = None
             # always streamed internally: a step at a time is where a disconnected client is noticed
             async for result in self.llm.generate_async(parsed.prompt, params, streaming=True):

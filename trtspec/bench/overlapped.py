@@ -1,0 +1,225 @@
+"""`trtspec simulate --engines overlapped`: the loop's planner against two engines that run at the same time.
+
+The lock-step simulator (trtspec.bench.simulate) runs a draft call and then a target step, as one GPU does. A CPU
+deployment of the reference engine runs its two engines on separate cores: each engine steps its own in-flight
+batch (trtspec.batching) while the other steps, and a request's draft call overlaps other requests' target steps.
+Here each engine is a server on its own clock: a request submitted while a step runs joins the next one, a draft
+call of k tokens is k draft steps (the first also prefilling what the draft model has not seen), a verify call one
+target step of 1 + k tokens, a plain run of n tokens n steps. Every engine call also costs `call_s` of the loop's
+own (a Triton round trip and its Python) before it reaches the engine. After a target step the engine waits, up
+to `call_s`, for the requests it answered that come straight back with a plain call, as trtspec.batching does
+(it does not wait for ones that draft first).
+
+Each request's planner is told the wall time of its own calls, as the loop measures them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from trtspec.bench.costs import Costs
+from trtspec.bench.workload import Acceptance, CellResult, Policy, Schedule, SyntheticRequest
+from trtspec.config import AdaptivePolicy, SpeculativeConfig
+from trtspec.controller import Estimates
+from trtspec.planner import Planner, RequestPolicy
+
+
+@dataclass
+class _Work:
+    """A request's call inside an engine: `steps` steps to go, `tokens` in its next step (then 1 each)."""
+
+    request: "_Live"
+    steps: int
+    tokens: int
+
+
+@dataclass
+class _Live:
+    r: SyntheticRequest
+    plan: object = None
+    draft: list[int] = field(default_factory=list)
+    started: float = 0.0  # when the current call was sent
+    draft_s: float | None = None
+    step_tokens: int = 0
+    draft_batch: int = 1
+    first: bool = True
+
+
+class _Engine:
+    """One engine's in-flight batch: steps run back to back while there is work; new work joins the next step."""
+
+    def __init__(self, name: str, step: Callable[[int, int], float], max_batch: int):
+        self.name, self.step, self.max_batch = name, step, max_batch
+        self.waiting: list[_Work] = []
+        self.running: list[_Work] = []
+        self.busy = False
+        self.hold_until = 0.0  # gathering the requests it answered before the next step
+        self.expected: set[int] = set()  # requests answered by the last step, not yet back
+
+    def start(self, now: float, waited: bool = False) -> tuple[float, int, int] | None:
+        """Starts a step if there is work and nothing to wait for (`waited`: the wait is over): (its end, rows,
+        tokens)."""
+        if self.busy or not waited and now <= self.hold_until and self.expected:
+            return None
+        room = self.max_batch - len(self.running)
+        self.running += self.waiting[:room]
+        self.waiting = self.waiting[room:]
+        if not self.running:
+            return None
+        self.busy, self.expected = True, set()
+        rows, tokens = len(self.running), sum(w.tokens for w in self.running)
+        return now + self.step(rows, tokens), rows, tokens
+
+
+def simulate_overlapped(
+    costs: Costs,
+    policy: Policy,
+    schedule: Schedule,
+    acceptance: Acceptance,
+    *,
+    requests: int = 64,
+    prompt: int = 256,
+    max_tokens: int = 128,
+    stream: bool = True,
+    seed: int = 0,
+    call_s: float = 0.004,
+    max_batch: int = 8,
+    concurrency_label: str = "",
+) -> CellResult:
+    """As trtspec.bench.simulate.simulate, with the engines overlapping (the module's docstring). `stream`: the
+    bench's requests are streamed (a plain call asks for one token)."""
+    spec = SpeculativeConfig(max_draft_len=max(policy.k, 1), num_draft_tokens=policy.k,
+                             draft_length_policy="adaptive" if policy.adaptive else "fixed",
+                             adaptive=AdaptivePolicy(batched_steps=False))
+    rng = np.random.default_rng(seed)
+    estimates = Estimates()
+    result = CellResult(policy.name, concurrency_label, acceptance.name)
+    sources = ("model",) if policy.k else ()
+    pol = RequestPolicy(max_tokens=max_tokens, num_draft_tokens=policy.k, adaptive=policy.adaptive,
+                        selection="model", stream=stream)
+    target = _Engine("target", lambda rows, tokens: costs.target_step(rows, tokens, 0), max_batch)
+    drafter = _Engine("draft", lambda rows, tokens: costs.draft_step(rows, tokens, 0), max_batch)
+    events: list[tuple[float, int, str, object]] = []
+    order = itertools.count()
+    active: list[_Live] = []
+    started = finished = 0
+    now = 0.0
+
+    def at(t: float, kind: str, payload: object = None) -> None:
+        heapq.heappush(events, (t, next(order), kind, payload))
+
+    def kick(engine: _Engine, waited: bool = False) -> None:
+        step = engine.start(now, waited)
+        if step is not None:
+            end, _, tokens = step
+            for w in engine.running:
+                if engine is target:
+                    w.request.step_tokens = tokens
+                else:
+                    w.request.draft_batch = max(w.request.draft_batch, len(engine.running))
+            at(end, "step", engine)
+
+    def admit() -> None:
+        nonlocal started
+        want = schedule(finished / requests)
+        while len(active) < want and started < requests:
+            n = int(rng.integers(max_tokens // 2, max_tokens * 3 // 2 + 1))
+            planner = Planner(spec, estimates, dataclasses.replace(pol, max_tokens=n), sources)
+            live = _Live(SyntheticRequest(planner, np.random.default_rng(rng.integers(1 << 62)), prompt, n))
+            active.append(live)
+            started += 1
+            begin(live)
+
+    def begin(live: _Live) -> None:
+        """An iteration: plan it, then send its first call (after the loop's own call_s)."""
+        r = live.r
+        progress = finished / requests
+        live.plan = plan = r.planner.plan(len(active), r.seq, r.propose)
+        live.draft = r.draft(plan.k, acceptance, progress) if plan.calls_draft_model else list(plan.tokens or [])
+        live.started, live.draft_s, live.draft_batch = now, None, 1
+        if plan.calls_draft_model and live.draft:
+            target.expected.discard(id(live))
+            at(now + call_s, "send", (drafter, _Work(live, len(live.draft), 1 + max(plan.missed - 2, 0))))
+        else:
+            send_target(live)
+
+    def send_target(live: _Live) -> None:
+        plan, r = live.plan, live.r
+        remaining = r.max_tokens - (len(r.seq) - r.prompt)
+        steps = 1 if live.draft else min(plan.plain, remaining)
+        tokens = (r.prompt if live.first else 1) + len(live.draft)
+        at(now + call_s, "send", (target, _Work(live, steps, tokens)))
+
+    def answered(live: _Live) -> None:
+        """The target answered the iteration's call: outcome, then the next iteration or the request's end."""
+        nonlocal finished
+        r, plan = live.r, live.plan
+        verify_s = now - live.started - (live.draft_s or 0.0)
+        remaining = r.max_tokens - (len(r.seq) - r.prompt)
+        pos = len(r.seq)
+        if live.draft:
+            accepted = next((i for i, t in enumerate(live.draft) if t != r.truth[pos + i]), len(live.draft))
+            new = r.truth[pos: pos + accepted + 1]
+            result.drafted += 1
+            result.draft_tokens += len(live.draft)
+            result.accepted += accepted
+        else:
+            new = r.truth[pos: pos + min(plan.plain, remaining)]
+        result.iterations += 1
+        result.k_counts += [0] * (len(live.draft) + 1 - len(result.k_counts))
+        result.k_counts[len(live.draft)] += 1
+        added = new[:remaining]
+        r.seq += added
+        result.tokens += len(added)
+        r.planner.outcome(plan, len(active), live.draft, new, verify_s, live.draft_s, r.seq, len(added), r.propose,
+                          draft_batch=live.draft_batch, step_tokens=live.step_tokens)
+        live.first = False
+        if len(r.seq) - r.prompt >= r.max_tokens:
+            result.seconds = now  # the last request's end (a wait for returns after it is no one's time)
+            target.expected.discard(id(live))
+            active.remove(live)
+            finished += 1
+            admit()
+        else:
+            begin(live)
+
+    admit()
+    while events:
+        now, _, kind, payload = heapq.heappop(events)
+        if kind == "send":
+            engine, work = payload
+            engine.waiting.append(work)
+            engine.expected.discard(id(work.request))
+            kick(engine)
+        elif kind == "hold":
+            kick(payload, waited=True)
+        else:  # a step ended
+            engine = payload
+            engine.busy = False
+            done = []
+            for w in engine.running:
+                w.steps -= 1
+                w.tokens = 1
+                if w.steps == 0:
+                    done.append(w)
+            engine.running = [w for w in engine.running if w.steps]
+            if engine is target and done:
+                engine.expected = {id(w.request) for w in done}
+                engine.hold_until = now + call_s
+            for w in done:
+                live = w.request
+                if engine is drafter:
+                    live.draft_s = now - live.started
+                    send_target(live)
+                else:
+                    answered(live)
+            if engine is target and done:  # after the answered ones' calls, which arrive at the same moment
+                at(engine.hold_until, "hold", engine)
+            kick(engine)
+    return result
