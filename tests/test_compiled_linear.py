@@ -180,7 +180,7 @@ def test_build_compiles_the_kernels_into_the_deployment_and_the_repository_point
     assert "compile-kernels" not in [s.name for s in make_plan(plain, tmp_path / "plain", synthetic_machine("none")).steps]
     # on a GPU torch's CUDA kernels run: nothing to compile, and doctor says so
     on_gpu = parse_config({**data, "device": "cuda"})
-    assert compiled_linear.roles_to_compile(cfg) == ["target"] and compiled_linear.roles_to_compile(on_gpu) == []
+    assert device.roles_to_compile(cfg) == ["target"] and device.roles_to_compile(on_gpu) == []
     assert "CUDA kernels" in device.describe_linear_kernels("compiled", tiny, out / "kernels", "cuda")
 
 

@@ -27,7 +27,7 @@ import pytest
 from conftest import write_echo_repository, write_python_model
 from trtspec.client import Client, ClientError, grpc_inputs
 from trtspec.config import parse_config
-from trtspec.loop import PROCESS_DIED
+from trtspec.contract.errors import ProcessDied, encode
 from trtspec.openai.backend import RETRY_AFTER_S
 from trtspec.repository import generate_repository
 from trtspec.server.watchdog import RESTARTS_COUNTER
@@ -49,22 +49,21 @@ RECOVERY_WITHIN_S = 400.0
 
 
 def test_a_dead_model_process_is_a_retryable_503_on_the_openai_api():
-    from trtspec.openai.backend import _triton_error
+    from trtspec.openai.backend import openai_error
 
-    e = _triton_error("in ensemble 'ensemble', tensorrt_llm: Stub process 'tensorrt_llm_0_0' is not healthy.")
+    e = openai_error("in ensemble 'ensemble', tensorrt_llm: Stub process 'tensorrt_llm_0_0' is not healthy.")
     assert (e.status, e.code, e.retry_after_s) == (503, "service_unavailable", RETRY_AFTER_S)
     assert "tensorrt_llm_0_0" in e.message
     # what a loop says when an engine call in flight met the engine's death (trtspec.triton.callees)
-    e = _triton_error(f"ensemble: tensorrt_llm: {PROCESS_DIED} during the call; it is being reloaded")
+    e = openai_error(encode(ProcessDied("tensorrt_llm: its model process died during the call"), "ensemble"))
     assert (e.status, e.code, e.retry_after_s) == (503, "service_unavailable", RETRY_AFTER_S)
-    assert _triton_error("speculative loop: engine died").status == 500  # not every failure is retryable
+    assert openai_error("speculative loop: engine died").status == 500  # not every failure is retryable
 
 
 
 def test_an_engine_call_ends_when_the_engine_process_dies(tmp_path):
     """A call waiting on a model whose (stand-in) stub process dies fails within the poll interval instead of
     waiting for ever; a model with no stub process is called directly."""
-    from trtspec.loop import EngineCallError
     from trtspec.processes import stub_processes
     from trtspec.triton.callees import CalleeProcesses
 
@@ -79,7 +78,7 @@ def test_an_engine_call_ends_when_the_engine_process_dies(tmp_path):
         assert callees.call("tensorrt_llm_draft", lambda: 8) == 8  # no process of its own: called directly
         threading.Timer(0.3, stub.kill).start()
         t0 = time.monotonic()
-        with pytest.raises(EngineCallError, match=PROCESS_DIED):
+        with pytest.raises(ProcessDied, match="process died"):
             callees.call("tensorrt_llm", lambda: threading.Event().wait(30))  # a call the dead process never answers
         assert time.monotonic() - t0 < 5
     finally:

@@ -44,12 +44,13 @@ def test_stop_matcher_releases_held_text_at_the_end() -> None:
 
 
 def test_bad_request_errors_from_triton_are_400() -> None:
-    from trtspec.openai.backend import _triton_error
-    from trtspec.triton_io import BAD_REQUEST
+    from trtspec.contract import RequestError
+    from trtspec.contract.errors import encode
+    from trtspec.openai.backend import openai_error
 
-    e = _triton_error(f"in ensemble 'ensemble', {BAD_REQUEST}text_input is empty")
+    e = openai_error(f"in ensemble 'ensemble', {encode(RequestError('text_input is empty'))}")
     assert e.status == 400 and e.message == "text_input is empty"
-    assert _triton_error("speculative loop: engine died").status == 500
+    assert openai_error("speculative loop: engine died").status == 500
 
 
 # ------------------------------------------------------------------------------------------ a real server
@@ -238,7 +239,8 @@ def test_errors_have_the_openai_shape_and_the_server_stays_healthy(api, client, 
     for field, value in (("temperature", -1), ("top_p", 0), ("top_p", 1.5), ("max_tokens", 0), ("n", 0), ("n", 17),
                          ("num_draft_tokens", -1), ("draft_source", "oracle"), ("draft_length_policy", "x")):
         _assert_error(api, 400, {**ok, field: value}, field)
-    _assert_error(api, 400, {**ok, "num_draft_tokens": 99}, "num_draft_tokens", says=f"max_draft_len ({MAX_DRAFT_LEN})")
+    _assert_error(api, 400, {**ok, "num_draft_tokens": 99}, "num_draft_tokens",
+                  says=f"larger than max_draft_len {MAX_DRAFT_LEN}")
     _assert_error(api, 400, {**ok, "messages": [{"role": "wizard", "content": "x"}]}, says="messages.0.role")
     _assert_error(api, 400, {**ok, "messages": []}, "messages")
     _assert_error(api, 400, {**ok, "logprobs": True, "top_logprobs": 21}, "top_logprobs", says="less than or equal to 20")

@@ -30,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from trtspec.contract.errors import Overloaded
 from trtspec.ragged import Segment
 from trtspec.reference_engine import EngineRequest, EngineResult, ReferenceEngine, Steps, cache_nbytes
 
@@ -75,7 +76,7 @@ class Returns:
         return statistics.median(self.delays) if self.delays else REGATHER_UNMEASURED_S
 
 
-class QueueFull(RuntimeError):
+class QueueFull(Overloaded):
     """The engine's queue is full; the message is for the client."""
 
 

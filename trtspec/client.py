@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from trtspec.contract import REQUEST_FIELDS, RESPONSE_STATS, field_by_name
+from trtspec.contract.models import ENSEMBLE
 from trtspec.logprobs import TopLogProbs
 from trtspec.metrics import SpecStats
 
@@ -62,18 +63,21 @@ class Generation:
         return self.stats.acceptance_rate
 
 
-def _stats(values: dict[str, Any]) -> SpecStats | None:
+def response_stats(values: dict[str, Any]) -> SpecStats | None:
+    """The statistics of a response's outputs (name -> array or None); None when it carries none."""
     return SpecStats.from_wire(values) if any(values.get(n) is not None for n in STAT_NAMES) else None
 
 
 def request_fields(prompt: str, max_tokens: int, stream: bool, **params: Any) -> dict[str, Any]:
     """The request as the text endpoints take it; `params` are other request fields (trtspec.contract), None = unset."""
-    fields: dict[str, Any] = {"text_input": prompt, "max_tokens": max_tokens, "stream": stream, "return_perf_metrics": True}
+    fields: dict[str, Any] = {"text_input": prompt, "max_tokens": max_tokens, "stream": stream,
+                              "return_perf_metrics": True}
     for name, value in params.items():
         try:
             field_by_name(name)
         except KeyError:
-            raise TypeError(f"unknown request field {name!r}; known: {', '.join(f.name for f in REQUEST_FIELDS)}") from None
+            known = ", ".join(f.name for f in REQUEST_FIELDS)
+            raise TypeError(f"unknown request field {name!r}; known: {known}") from None
         if value is not None:
             fields[name] = value
     return fields
@@ -82,7 +86,8 @@ def request_fields(prompt: str, max_tokens: int, stream: bool, **params: Any) ->
 class Client:
     """One deployment endpoint. `model` is `ensemble` (speculative) or `baseline` (target only)."""
 
-    def __init__(self, url: str = "localhost:8000", protocol: str = "http", model: str = "ensemble", timeout: float = 600):
+    def __init__(self, url: str = "localhost:8000", protocol: str = "http", model: str = ENSEMBLE,
+                 timeout: float = 600):
         if protocol not in ("http", "grpc"):
             raise ValueError(f"protocol must be http or grpc, got {protocol!r}")
         self.url = url.removeprefix("http://").removeprefix("https://")
@@ -168,7 +173,8 @@ class Client:
 # the endpoint's input tensors and their types (an unknown field is a KeyError, i.e. a bug here)
 def grpc_inputs(fields: dict[str, Any]) -> list[Any]:
     """Request fields (see `request_fields`) as gRPC InferInputs (also what tritonclient.grpc.aio takes)."""
-    return [infer_input(name, np.array([value if isinstance(value, list) else [value]], dtype=field_by_name(name).numpy))
+    return [infer_input(name, np.array([value if isinstance(value, list) else [value]],
+                                       dtype=field_by_name(name).numpy))
             for name, value in fields.items()]
 
 
@@ -193,7 +199,7 @@ def grpc_chunk(result: Any, t: float) -> Chunk | None:
         text.decode("utf-8") if isinstance(text, bytes) else str(text),
         [int(x) for x in np.asarray(values.pop("output_ids")).reshape(-1)],
         t,
-        _stats(values),
+        response_stats(values),
         log_probs(result.as_numpy("output_log_probs")),
         top_log_probs(result.as_numpy),
     )
@@ -219,7 +225,8 @@ def _chunk(body: dict[str, Any], top_n: int = 0) -> Chunk:
     ids = body.get("output_ids", [])
     ids = ids if isinstance(ids, list) else [ids]
     top = top_log_probs(lambda k: None if k not in body else np.asarray(body[k]).reshape(-1, top_n)) if top_n else None
-    return Chunk(body.get("text_output", ""), [int(x) for x in np.asarray(ids).reshape(-1)], time.perf_counter(), _stats(body),
+    return Chunk(body.get("text_output", ""), [int(x) for x in np.asarray(ids).reshape(-1)], time.perf_counter(),
+                 response_stats(body),
                  log_probs(body.get("output_log_probs")), top)
 
 

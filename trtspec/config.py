@@ -469,6 +469,13 @@ def load_config(path: str | Path, check_paths: bool = True) -> BuildConfig:
         raise ConfigError(f"{path}: {e}") from None
 
 
+def plan_max_num_tokens(cfg: BuildConfig) -> int:
+    """>= max_input_len (a whole prompt fits one step without chunked context) and >= max_batch_size*(K+1)
+    (every sequence can verify K draft tokens + 1 in one step; TensorRT-LLM raises it to that anyway)."""
+    L = cfg.limits
+    return max(L.max_input_len, L.max_batch_size * (cfg.speculative.max_draft_len + 1))
+
+
 def checkpoint_path(cfg: BuildConfig, role: Literal["target", "draft"]) -> Path:
     """The checkpoint directory of a role, preparing the demo pair when the config names it."""
     m = getattr(cfg, role)

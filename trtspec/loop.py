@@ -21,7 +21,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from trtspec.config import SpeculativeConfig
-from trtspec.contract import REQUEST_FIELDS, RequestError
+from trtspec.contract import REQUEST_FIELDS, EngineCallError, RequestError
+from trtspec.contract.limits import RequestLimits
 from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target
 from trtspec.guided import GuidedRequest, GuidedSettings
 from trtspec.logprobs import TopLogProbs
@@ -33,15 +34,6 @@ from trtspec.triton_io import to_words_list
 
 # (model name, input tensors, requested outputs) -> output tensors; raises EngineCallError on failure
 EngineCall = Callable[[str, Mapping[str, np.ndarray], list[str]], Mapping[str, np.ndarray]]
-
-
-class EngineCallError(RuntimeError):
-    pass
-
-
-#: in the error of an engine call whose model process died during the call (trtspec.triton.callees); the OpenAI
-#: API answers it, like Triton's "Stub process ... is not healthy", with a retryable 503
-PROCESS_DIED = "its model process died"
 
 
 LoopRequestError = RequestError
@@ -61,8 +53,19 @@ class LoopSettings(BaseModel):
     max_concurrent_requests: int = 64
     guided: GuidedSettings | None = None  # None: guided requests are refused (trtspec.guided)
 
+    @property
+    def limits(self) -> RequestLimits:
+        return RequestLimits(self.speculative.max_draft_len, self.max_input_len)
+
     def engine_name(self, name: str) -> str:
         return self.engine_input_names.get(name, name)
+
+
+SETTINGS_PARAMETER = "loop_settings"  # the loop model's one parameter: LoopSettings as JSON
+
+
+def settings_parameter(settings: LoopSettings) -> dict[str, str]:
+    return {SETTINGS_PARAMETER: settings.model_dump_json()}
 
 
 @dataclass
@@ -118,12 +121,7 @@ def validate(req: LoopRequest, settings: LoopSettings) -> None:
             f.validate(getattr(req, f.name))
     if not req.prompt:
         raise RequestError("the prompt is empty (text_input must not be empty)")
-    k = settings.speculative.num_draft_tokens if req.num_draft_tokens is None else req.num_draft_tokens
-    if k > settings.speculative.max_draft_len:
-        raise RequestError(
-            f"num_draft_tokens {k} is larger than max_draft_len {settings.speculative.max_draft_len} "
-            "(the target engine was built for at most max_draft_len draft tokens)"
-        )
+    settings.limits.check(len(req.prompt), req.max_tokens, req.num_draft_tokens)
     source = req.draft_source or settings.speculative.draft_source
     if not settings.draft_disabled and settings.draft_model is None and not drafts_in_target(settings) and any(
         SOURCES[s].needs_draft_model for s in SELECTIONS[source]
@@ -131,13 +129,6 @@ def validate(req: LoopRequest, settings: LoopSettings) -> None:
         raise RequestError(
             f"draft_source {source!r} needs a draft model and this deployment has none "
             "(it was built with speculative.draft_source: ngram); use draft_source ngram"
-        )
-    total = len(req.prompt) + req.max_tokens
-    if total > settings.max_input_len:
-        raise RequestError(
-            f"prompt ({len(req.prompt)} tokens) + max_tokens ({req.max_tokens}) = {total} exceeds max_input_len "
-            f"{settings.max_input_len}: the loop resends the running sequence to the engines each iteration; "
-            "shorten the prompt, lower max_tokens, or rebuild with a larger limits.max_input_len"
         )
 
 
@@ -210,7 +201,8 @@ class SpeculativeLoop:
         return draft
 
     def _verify(
-        self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray], min_tokens: int, log_probs: bool = False,
+        self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray], min_tokens: int,
+        log_probs: bool = False,
         in_target: TargetDrafter | None = None, next_k: int = 0, top: int = 0, temperature: float | None = None,
         plain: int = 1, guided: GuidedRequest | None = None,
     ) -> tuple[list[int], list[float] | None, TopLogProbs | None]:
@@ -256,8 +248,9 @@ class SpeculativeLoop:
             g = out.get("generation_logits")
             rows = None if g is None else np.asarray(g).reshape(-1, np.shape(g)[-1])
             if rows is None or len(rows) < len(new):
-                raise EngineCallError(f"{self.settings.target_model} returned {0 if rows is None else len(rows)} rows of "
-                                      f"generation_logits for {len(new)} new tokens (top_log_probs needs one per token)")
+                raise EngineCallError(
+                    f"{self.settings.target_model} returned {0 if rows is None else len(rows)} rows of "
+                    f"generation_logits for {len(new)} new tokens (top_log_probs needs one per token)")
             rows = rows[: len(new)] if guided is None else guided.mask_rows(rows[: len(new)], new)
             alternatives = TopLogProbs.from_logits(rows, top, temperature)
         if not log_probs:

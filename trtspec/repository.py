@@ -24,34 +24,22 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtspec.config import BuildConfig, EngineKind, checkpoint_path
+from trtspec.config import BuildConfig, EngineKind, checkpoint_path, plan_max_num_tokens
 from trtspec.drafters import drafts_in_target
 from trtspec.reference_engine.tensor_io import NEXT_DRAFT_IDS, NEXT_DRAFT_LEN
 from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_OUTPUTS, RESPONSE_STATS, nvidia
+from trtspec.contract.models import BASELINE, BASELINE_LOOP, DRAFT, ENSEMBLE, LOOP, TARGET
 from trtspec.guided import (
     BACKEND as GUIDED_BACKEND, BACKEND_PARAMETER, GUIDE_START, TOKENIZER_INFO_FILE, TOKENIZER_INFO_PARAMETER,
     GuidedSettings, load_tokenizer_info, write_tokenizer_info,
 )
-from trtspec.loop import LoopSettings
-from trtspec.pipeline.preflight import plan_max_num_tokens
-from trtspec.triton.loop_model import settings_parameter
+from trtspec.llmapi.repository import write_llmapi_models
+from trtspec.loop import LoopSettings, settings_parameter
+from trtspec.repository_reader import RepositoryError, read_repository
 
 TEMPLATES = Path(__file__).resolve().parent / "model_repository"
 
-TARGET, DRAFT = "tensorrt_llm", "tensorrt_llm_draft"
-LOOP, BASELINE_LOOP = "speculative", "baseline_loop"
-ENSEMBLE, BASELINE = "ensemble", "baseline"  # the text endpoints (model_repository/text)
-# Where requests enter, each counted once: Triton clients send text to the text endpoints (which run the loop
-# in-process); the OpenAI API sends token ids to the loop models.
-ENTRY_MODELS = (ENSEMBLE, BASELINE, LOOP, BASELINE_LOOP)
-# After a model process dies (trtspec.server.watchdog): the engines are reloaded alone, as only the loop models call
-# them and a loop's call on a dead engine ends at once; the endpoints serve without the draft engine meanwhile.
-RELOADABLE_MODELS, OPTIONAL_MODELS = (TARGET, DRAFT), (DRAFT,)
 TEXT = "text"
-
-
-class RepositoryError(Exception):
-    pass
 
 
 def load_template(model: str) -> mc.ModelConfig:
@@ -94,7 +82,8 @@ def _contract(version: str | None, model: str) -> nvidia.ModelIO:
 
 
 def _outputs(config: mc.ModelConfig, nvidia_model: str, version: str | None) -> None:
-    """trtspec's statistics and outputs, then every output NVIDIA's `nvidia_model` declares in `version` that is not declared yet
+    """trtspec's statistics and outputs, then every output NVIDIA's `nvidia_model` declares in `version` that is not
+    declared yet
     (those the loop cannot compute are never sent, as TensorRT-LLM leaves out outputs a request did not enable)."""
     for s in RESPONSE_STATS:
         _add_tensor(config.output, s.name, s.dtype, (-1,) if s.vector else (1,))
@@ -277,7 +266,8 @@ def _engine_config(
             exclude_input_in_output=False,  # the loop reads the whole sequence back, as NVIDIA's BLS does
             **({} if model.linear_kernels == "auto" else {"linear_kernels": model.linear_kernels}),
             # compiled kernels: the deployment's own copy (trtspec build's compile-kernels step)
-            **({"kernel_dir": Path(kernel_dir).resolve()} if kernel_dir is not None and model.linear_kernels == "compiled" else {}),
+            **({"kernel_dir": Path(kernel_dir).resolve()}
+               if kernel_dir is not None and model.linear_kernels == "compiled" else {}),
         )
         if role == "target" and drafts_in_target(cfg):
             _set_params(config, eagle3_head=checkpoint_path(cfg, "draft").resolve())
@@ -322,10 +312,9 @@ def generate_repository(
     partial.mkdir(parents=True)
     try:
         if cfg.engine is EngineKind.llmapi:
-            from trtspec.llmapi.repository import write_llmapi_models
-
-            w = _Writer(cfg, partial)
-            write_llmapi_models(cfg, partial, w.write, load_template(TEXT), draft_dir=draft_engine_dir,
+            w, base = _Writer(cfg, partial), load_template(TEXT)
+            endpoint_io(base)
+            write_llmapi_models(cfg, partial, w.write, base, draft_dir=draft_engine_dir,
                                 version=version, kv_fraction=fractions.get("target"))
         else:
             _write_models(cfg, partial, version, fractions, target_engine_dir, draft_engine_dir, kernel_dir,
@@ -388,13 +377,12 @@ def _write_models(
         # the target-only endpoints get as many as the speculative ones: a comparison against fewer would flatter it
         c.instance_group[0].count = cfg.triton.speculative_instance_count
         declare_io(c, version)
-        settings = loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases, guided=guided)
+        settings = loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases,
+                                 guided=guided)
         _set_params(c, tokenizer_dir=tokenizer_dir, **settings_parameter(settings))
         w.write(c, TEMPLATES / LOOP / "1" / "model.py")
 
 
 def list_models(repo: Path) -> dict[str, mc.ModelConfig]:
     """Every model of a repository, parsed (used by `serve` and the tests)."""
-    from trtspec.server.launch import read_repository
-
     return {m.path.name: m.config for m in read_repository(repo) if m.config is not None}

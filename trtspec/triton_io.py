@@ -10,18 +10,17 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.contract import RequestError  # noqa: F401  (re-exported: the models catch io.RequestError)
+from trtspec.contract.errors import ErrorKind, RequestError, encode, kind_of
+
+# Triton's code per kind where the Python backend has codes (a bad request: INVALID_ARG, HTTP 400 on Triton's own
+# endpoints); the kind itself travels in the message (trtspec.contract.errors), which every client gets.
+_CODES = {ErrorKind.BAD_REQUEST: "INVALID_ARG"}
 
 
-# Error messages of bad requests start with this, so that a frontend (the OpenAI server) can tell the client's
-# mistakes (HTTP 400) from failures of the deployment (500): Triton's streamed errors carry only a message.
-BAD_REQUEST = "bad request: "
-
-
-def bad_request(pb_utils: Any, error: Exception) -> Any:
-    """The TritonError for a bad request (INVALID_ARG where the Python backend has codes)."""
-    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
-    message = f"{BAD_REQUEST}{error}"
+def error(pb_utils: Any, error: BaseException, where: str = "") -> Any:
+    """The TritonError of `error`, its kind encoded (trtspec.contract.errors); `where`: the model answering."""
+    message = encode(error, where)
+    code = getattr(pb_utils.TritonError, _CODES.get(kind_of(error), ""), None)
     return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
 
 

@@ -56,9 +56,9 @@ def prepare_checkpoints(cfg: BuildConfig, say: Callable[[str], None]) -> None:
 
         prepare_demo_pair(progress=say)
     if any(m is not None and m.linear_kernels == "compiled" for m in (cfg.target, cfg.draft)):  # torch only then
-        from trtspec.reference_engine import compiled_linear
+        from trtspec.reference_engine import compiled_linear, device
 
-        roles = compiled_linear.roles_to_compile(cfg)
+        roles = device.roles_to_compile(cfg)
         shapes = sorted({s for r in roles for s in compiled_linear.checkpoint_shapes(checkpoint_path(cfg, r))})
         compiled_linear.compile_kernels(shapes, compiled_linear.cache_dir(), say)
 

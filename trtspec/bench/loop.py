@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from trtspec.bench.runner import BenchError
+from trtspec.contract.models import BASELINE, ENSEMBLE
 from trtspec.metrics import SpecStats
 from trtspec.speculative import solve_alpha, speedup_bound
 
@@ -263,8 +264,8 @@ def run_server_phase(cfg: Any, prompts: Sequence[BenchPrompt], args: "LoopBenchA
             http = ep.http
             addr = ep.http_address if args.protocol == "http" else ep.grpc_address
             clients = {
-                "baseline": Client(addr, args.protocol, "baseline"),
-                "speculative": Client(addr, args.protocol, "ensemble"),
+                "baseline": Client(addr, args.protocol, BASELINE),
+                "speculative": Client(addr, args.protocol, ENSEMBLE),
             }
             log(f"server ready in {out['startup_s']:.0f} s at {http}")
 

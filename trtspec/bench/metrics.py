@@ -1,7 +1,8 @@
 """Cross-check of the bench's own counts against the speculative loop's Prometheus counters.
 
 The text endpoints (``ensemble``, ``baseline``) run the loop in-process and count every request they finish
-in ``spec_decode_*`` counters on Triton's metrics port, labelled ``model="<endpoint>"``. The bench scrapes ``/metrics`` (a plain HTTP GET, Prometheus text format) before
+in ``spec_decode_*`` counters on Triton's metrics port, labelled ``model="<endpoint>"``. The bench scrapes
+``/metrics`` (a plain HTTP GET, Prometheus text format) before
 and after the run and compares the deltas with the sums of the final per-response statistics of the
 requests it sent (warm-ups included on both sides; requests that failed are counted by neither).
 """
@@ -17,11 +18,6 @@ from typing import Any, Callable, Iterable, Mapping
 
 from trtspec.contract import RESPONSE_STATS
 from trtspec.metrics import EMITTED_COUNTER, REQUESTS_COUNTER, SpecStats
-
-# endpoint -> the model that counts its requests: the text endpoints run the loop in-process and count their own
-LOOP_MODEL = {"ensemble": "ensemble", "baseline": "baseline"}
-# the OpenAI API sends token ids to the loop models themselves, which count its requests
-OPENAI_LOOP_MODEL = {"ensemble": "speculative", "baseline": "baseline_loop"}
 
 # counter -> the per-request quantity it must equal the sum of (a statistic of trtspec.contract, or these two)
 COUNTERS = {REQUESTS_COUNTER: "requests", EMITTED_COUNTER: "output_tokens"} | {
@@ -93,12 +89,14 @@ def per_position(samples: Mapping[Sample, float], name: str, model: str) -> dict
     return out
 
 
-def expected_counts(requests: Iterable[Any], labels: Mapping[str, str] = LOOP_MODEL) -> dict[str, dict[str, Any]]:
-    """Sum of the final per-response stats of the successful requests, per loop model."""
+def expected_counts(requests: Iterable[Any], labels: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Sum of the final per-response stats of the successful requests, per loop model (`labels`: endpoint -> the
+    model that counts its requests, where that is not the endpoint itself)."""
+    labels = labels or {}
     by_model: dict[str, list[Any]] = {}
     for r in requests:
         if r.error is None:
-            by_model.setdefault(labels[r.endpoint], []).append(r)
+            by_model.setdefault(labels.get(r.endpoint, r.endpoint), []).append(r)
     out: dict[str, dict[str, Any]] = {}
     for model, recs in by_model.items():
         total = SpecStats.total(r.stats for r in recs)
@@ -112,7 +110,7 @@ def expected_counts(requests: Iterable[Any], labels: Mapping[str, str] = LOOP_MO
 @dataclass
 class CrossCheck:
     url: str
-    labels: Mapping[str, str] = field(default_factory=lambda: dict(LOOP_MODEL))  # endpoint -> counting model
+    labels: Mapping[str, str] = field(default_factory=dict)  # endpoint -> counting model, where not itself
     before: dict[Sample, float] | None = None
     error: str | None = None
 

@@ -6,7 +6,7 @@ that many rounds, in A-B-B-A order, and its throughput is its tokens over the su
 Per request it records when each streamed response arrived and how many token ids it carried (tokens are
 counted from the ids, never from text chunks), the final acceptance statistics the server reported, and the
 client's own overhead: the time between a response arriving and the client asking for the next one (the
-client library's decoding plus this module's bookkeeping; see ``_one_request``).
+client library's decoding plus this module's bookkeeping; see ``one_request``).
 
 With ``api="openai"`` the requests go through the OpenAI-compatible API of `trtspec serve` (streamed completions
 to ``<name>`` and ``<name>-baseline``, the token ids of each chunk returned with ``return_token_ids`` and checked
@@ -29,13 +29,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
-from trtspec.bench.metrics import LOOP_MODEL, OPENAI_LOOP_MODEL, CrossCheck, default_metrics_url
+from trtspec.bench.metrics import CrossCheck, default_metrics_url
 from trtspec.bench.prompts import Prompt
 from trtspec.client import Chunk, Client, ClientError
 from trtspec.metrics import SpecStats
-from trtspec.triton.loop_model import SETTINGS_PARAMETER
+from trtspec.loop import SETTINGS_PARAMETER
 
-ENSEMBLE, BASELINE = "ensemble", "baseline"
+from trtspec.contract.models import BASELINE, ENSEMBLE, LOOP_OF  # noqa: F401  (the bench's endpoints)
 
 
 class BenchError(Exception):
@@ -365,7 +365,7 @@ def check_deployment(settings: BenchSettings, endpoints: Sequence[str]) -> None:
 # ------------------------------------------------------------------------------------------------ running
 
 
-def _one_request(
+def one_request(
     settings: BenchSettings,
     cell: Cell,
     index: int,
@@ -475,7 +475,7 @@ def _run_phase(
                 item = next(it, None)
             if item is None:
                 return
-            rec = _one_request(settings, cell, item[0], item[1], warmup)
+            rec = one_request(settings, cell, item[0], item[1], warmup)
             with lock:
                 out.append(rec)
             on_done(rec)
@@ -520,7 +520,8 @@ def run_bench(settings: BenchSettings, prompts: Sequence[Prompt], progress: Prog
     progress = progress or ProgressSink()
 
     metrics_url = settings.resolved_metrics_url
-    labels = OPENAI_LOOP_MODEL if settings.api == "openai" else LOOP_MODEL
+    # the OpenAI API sends token ids to the loop models, which count its requests; a text endpoint counts its own
+    labels = LOOP_OF if settings.api == "openai" else {}
     check = CrossCheck(metrics_url, labels) if metrics_url else None
     sampler = None
     if settings.profile:

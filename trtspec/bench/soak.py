@@ -1,7 +1,7 @@
 """`trtspec bench --soak MINUTES`: a deployment under a steady, hostile-but-honest load for a set time.
 
 N client threads (streams) send streamed requests back to back, alternating ``ensemble`` and ``baseline``,
-through the bench's own request code (``runner._one_request``). A share of the clients leave after a response or
+through the bench's own request code (``runner.one_request``). A share of the clients leave after a response or
 three (the HTTP connection closed, the gRPC stream cancelled), and a share of the requests carry a bad value that
 must be refused with a named error. Around the load it reads the loop's Prometheus counters (requests, cancelled
 requests, tokens generated after a cancellation), samples the RSS of the server's processes, and after the load it
@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from trtspec.bench import stats as st
-from trtspec.bench.metrics import LOOP_MODEL, MetricsError, Sample, scrape
+from trtspec.bench.metrics import MetricsError, Sample, scrape
 from trtspec.bench.prompts import Prompt
-from trtspec.bench.runner import BASELINE, ENSEMBLE, BenchError, BenchSettings, Cell, RequestRecord, _one_request, check_deployment
+from trtspec.bench.runner import (
+    BASELINE, ENSEMBLE, BenchError, BenchSettings, Cell, RequestRecord, check_deployment, one_request,
+)
 from trtspec.metrics import AFTER_CANCEL_COUNTER, CANCELLED_COUNTER, EMITTED_COUNTER, REQUESTS_COUNTER
 from trtspec.profiling.sampler import process_name, process_tree, read_proc_stat
 
@@ -54,7 +56,8 @@ BAD_REQUESTS = (
     BadRequest("temperature -1", {"temperature": -1.0}, "temperature must be a finite number >= 0"),
     BadRequest("top_p 2", {"top_p": 2.0}, "top_p must be in (0, 1]"),
     BadRequest("top_k -1", {"top_k": -1}, "top_k must be >= 0"),
-    BadRequest("text_input not UTF-8", {"text_input": b"caf\xe9 au lait"}, "text_input is not valid UTF-8", grpc_only=True),
+    BadRequest("text_input not UTF-8", {"text_input": b"caf\xe9 au lait"}, "text_input is not valid UTF-8",
+               grpc_only=True),
 )
 
 
@@ -334,7 +337,7 @@ def run_soak(
     bad_settings = bench if soak.grpc_url is None else dataclasses.replace(bench, protocol="grpc", url=soak.grpc_url)
     bad_set = soak.bad_requests(bench.protocol)
     for cell in cells:  # warm-up: not counted, not sampled
-        rec = _one_request(bench, cell, -1, prompts[0], True)
+        rec = one_request(bench, cell, -1, prompts[0], True)
         if rec.error:
             raise BenchError(f"the warm-up request to {cell.endpoint} failed: {rec.error}")
     metrics_url = bench.resolved_metrics_url
@@ -366,11 +369,12 @@ def run_soak(
             if bad_set and roll < soak.bad_share:
                 bad = rng.choice(bad_set)
                 s = bad_settings if bad.grpc_only else bench
-                out = SoakRecord("bad", _one_request(s, cell, index, prompt, False, extra=bad.fields), bad)
+                out = SoakRecord("bad", one_request(s, cell, index, prompt, False, extra=bad.fields), bad)
             elif roll < soak.bad_share + soak.disconnect_share:
-                out = SoakRecord("disconnect", _one_request(bench, cell, index, prompt, False, leave_after=rng.randint(1, 3)))
+                out = SoakRecord("disconnect", one_request(bench, cell, index, prompt, False,
+                                                           leave_after=rng.randint(1, 3)))
             else:
-                out = SoakRecord("normal", _one_request(bench, cell, index, prompt, False))
+                out = SoakRecord("normal", one_request(bench, cell, index, prompt, False))
             out.finished = time.perf_counter()
             with lock:
                 records.append(out)
@@ -470,10 +474,9 @@ def summarize(run: SoakRun) -> dict[str, Any]:
     server: dict[str, Any] = {}
     # a restart (a fault's recovery) sets Triton's counters back to 0: their differences would mean nothing
     if run.counters_before is not None and run.counters_after is not None and not run.faults:
-        for endpoint in (ENSEMBLE, BASELINE):
-            model = LOOP_MODEL[endpoint]
+        for endpoint in (ENSEMBLE, BASELINE):  # a text endpoint counts its own requests
             server[endpoint] = {
-                name: counter(run.counters_after, name, model) - counter(run.counters_before, name, model)
+                name: counter(run.counters_after, name, endpoint) - counter(run.counters_before, name, endpoint)
                 for name in COUNTERS
             }
     cancelled = sum(m[CANCELLED_COUNTER] for m in server.values()) if server else None
@@ -521,7 +524,8 @@ def summarize(run: SoakRun) -> dict[str, Any]:
         "errors": sorted({r.error for r in errored if r.error})[:20],
         "unexpected_bad": unexpected_bad[:20],
         "output_tokens": sum(r.output_tokens for r in completed),
-        "latency_s": {"e2e": st.describe(r.e2e_s for r in completed) | {"p95": st.percentile([r.e2e_s for r in completed], 95)},
+        "latency_s": {"e2e": st.describe(r.e2e_s for r in completed)
+                      | {"p95": st.percentile([r.e2e_s for r in completed], 95)},
                       "ttft": st.describe(t for r in completed if (t := r.ttft_s) is not None)},
         "server": {"counters": server, "cancelled": cancelled, "tokens_after_cancel": after_cancel,
                    "per_endpoint": per_disconnect},
@@ -559,7 +563,8 @@ def table(summary: dict[str, Any]) -> Any:
         ("clients that left early", str(req["left_early"])),
         ("injected bad / refused by name", f"{req['injected_bad']} / {req['bad_refused_by_name']}"),
         ("cancelled (server counter)", "-" if srv["cancelled"] is None else f"{srv['cancelled']:.0f}"),
-        ("tokens generated after cancel", "-" if srv["tokens_after_cancel"] is None else f"{srv['tokens_after_cancel']:.0f}"),
+        ("tokens generated after cancel",
+         "-" if srv["tokens_after_cancel"] is None else f"{srv['tokens_after_cancel']:.0f}"),
     ]
     for e, d in srv["per_endpoint"].items():
         per = "-" if d["per_cancel"] is None else f"{d['per_cancel']:.2f}"

@@ -82,7 +82,7 @@ server is measured; with --url give its processes with --profile-pid.
 """
 
 
-def _int_list(option: str, text: str, minimum: int) -> list[int]:
+def int_list(option: str, text: str, minimum: int) -> list[int]:
     try:
         values = [int(v) for v in text.replace(" ", "").split(",") if v != ""]
     except ValueError:
@@ -242,13 +242,13 @@ def bench(
         protocol=protocol,
         api=api,
         max_tokens=max_tokens,
-        concurrency=_int_list("--concurrency", concurrency, 1),
-        draft_tokens=_int_list("--draft-tokens", draft_tokens, 0),
+        concurrency=int_list("--concurrency", concurrency, 1),
+        draft_tokens=int_list("--draft-tokens", draft_tokens, 0),
         requests_per_cell=requests_per_cell,
         warmup=warmup,
         rounds=rounds,
         k0_on_ensemble=k0_on_ensemble,
-        fixed_k=_int_list("--fixed-k", fixed_k, 0) if fixed_k is not None else (),
+        fixed_k=int_list("--fixed-k", fixed_k, 0) if fixed_k is not None else (),
         draft_source=draft_source,
         draft_length_policy=draft_length_policy,
         metrics_url=metrics_url,

@@ -12,6 +12,7 @@ from rich.markup import escape
 
 import trtspec
 from trtspec.commands._common import UserError, console, err_console
+from trtspec.contract.models import BASELINE, ENSEMBLE
 
 _HELP = """Run trtspec end to end on the shipped demo pair (CPU is fine).
 
@@ -113,7 +114,7 @@ def _example(server: Any, cfg: Any, max_tokens: int) -> None:
     k = cfg.speculative.num_draft_tokens
     console.print(f"[dim]prompt:[/] {EXAMPLE_PROMPT}  [dim](ensemble endpoint, num_draft_tokens={k}, "
                   f"max_tokens={max_tokens})[/]")
-    client = Client(server.endpoints.http_address, "http", model="ensemble")
+    client = Client(server.endpoints.http_address, "http", model=ENSEMBLE)
     start = time.perf_counter()
     stats = SpecStats()
     tokens = calls = 0
@@ -165,8 +166,8 @@ def _bench(part: Part, ep: Any, pids: list[int], cfg: Any, output: Path) -> dict
     )
     how = f"draft_source {part.draft_source or cfg.speculative.draft_source}, {part.draft_length_policy}"
     fixed = f"; fixed k tried: 0 (target-only), {', '.join(map(str, settings.fixed_k))}" if settings.fixed_k else ""
-    console.print(f"  [dim]{len(prompts)} {'/'.join(part.kinds)} prompts, {part.requests} requests per cell + 1 warm-up, "
-                  f"max_tokens {part.max_tokens}, {how}{fixed}[/]")
+    console.print(f"  [dim]{len(prompts)} {'/'.join(part.kinds)} prompts, {part.requests} requests per cell "
+                  f"+ 1 warm-up, max_tokens {part.max_tokens}, {how}{fixed}[/]")
     return bench_and_report(settings, prompts, output)
 
 
@@ -206,7 +207,7 @@ def summary_facts(results: dict[str, dict]) -> list[str]:
 
     lines = [f"[bold]grounded[/]  the controller, hybrid drafting: {versus('grounded')}",
              f"[bold]chat[/]      the same on chat prompts: {versus('chat')}"]
-    base = {c["concurrency"]: c["output_tokens_per_s"] for c in cells("concurrency") if c["endpoint"] == "baseline"}
+    base = {c["concurrency"]: c["output_tokens_per_s"] for c in cells("concurrency") if c["endpoint"] == BASELINE}
     if base and base.get(min(base)):
         c1 = min(base)
         scaling = ", ".join(f"c={c}: {v:.1f} tok/s ({v / base[c1]:.1f}x)" for c, v in sorted(base.items()))

@@ -10,18 +10,21 @@ from rich.table import Table
 from trtspec.client import Client, ClientError
 from trtspec.commands._common import UserError, console, friendly_errors
 from trtspec.contract import field_by_name
+from trtspec.contract.models import BASELINE, ENSEMBLE
 from trtspec.metrics import SpecStats
 
 
 @click.command("infer")
 @click.argument("prompt")
-@click.option("--url", default="localhost:8000", show_default=True, help="Server address (HTTP port for http, gRPC port for grpc).")
+@click.option("--url", default="localhost:8000", show_default=True,
+              help="Server address (HTTP port for http, gRPC port for grpc).")
 @click.option("--protocol", "-i", type=click.Choice(["http", "grpc"]), default="http", show_default=True)
 @click.option("--baseline", is_flag=True, help="Use the target-only endpoint instead of the speculative one.")
 @click.option("--model", default=None, help="Endpoint model name (default: ensemble, or baseline with --baseline).")
 @click.option("--stream/--no-stream", default=False, show_default=True, help="Print tokens as they are accepted.")
 @click.option("--max-tokens", "-n", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--draft-tokens", "-k", type=click.IntRange(0), default=None, help="num_draft_tokens (default: the deployment's).")
+@click.option("--draft-tokens", "-k", type=click.IntRange(0), default=None,
+              help="num_draft_tokens (default: the deployment's).")
 @click.option("--draft-source", type=click.Choice(field_by_name("draft_source").choices), default=None,
               help="Who proposes tokens: the draft model, prompt lookup (ngram), or lookup first (hybrid).")
 @click.option("--draft-length-policy", type=click.Choice(field_by_name("draft_length_policy").choices), default=None,
@@ -58,7 +61,7 @@ def command(prompt, url, protocol, baseline, model, stream, max_tokens, draft_to
             num_draft_tokens=draft_tokens, draft_source=draft_source, draft_length_policy=draft_length_policy,
             use_draft_logits=draft_logits, top_k=top_k, return_token_ids=True,
         ), dict(temperature=temperature, top_p=top_p, seed=seed, stop=list(stop_words) or None))
-    client = Client(url, protocol, model or ("baseline" if baseline else "ensemble"))
+    client = Client(url, protocol, model or (BASELINE if baseline else ENSEMBLE))
     params = dict(
         num_draft_tokens=draft_tokens, draft_source=draft_source, draft_length_policy=draft_length_policy,
         use_draft_logits=draft_logits,
@@ -88,7 +91,7 @@ def _chat(url: str, prompt: str, baseline: bool, stream: bool, max_tokens: int, 
     base = url if "://" in url else f"http://{url}"
     client = openai.OpenAI(base_url=f"{base.rstrip('/')}/v1", api_key="unused", max_retries=0)
     try:
-        want = "baseline" if baseline else "ensemble"
+        want = BASELINE if baseline else ENSEMBLE
         models = [m.id for m in client.models.list().data if (m.model_extra or {}).get("triton_model") == want]
         if not models:
             raise ClientError(f"the OpenAI API at {url} serves no {want} model: is it `trtspec serve`?")
@@ -103,7 +106,8 @@ def _chat(url: str, prompt: str, baseline: bool, stream: bool, max_tokens: int, 
                     sys.stdout.write(c.choices[0].delta.content or "")
                     sys.stdout.flush()
                     ids += (c.choices[0].model_extra or {}).get("token_ids") or []
-                stats = SpecStats.from_wire((c.model_extra or {}).get("speculative") or {}) if (c.model_extra or {}).get("speculative") else stats
+                speculative = (c.model_extra or {}).get("speculative")
+                stats = SpecStats.from_wire(speculative) if speculative else stats
             sys.stdout.write("\n")
         else:
             r = client.chat.completions.create(**request)
@@ -124,7 +128,8 @@ def _print_stats(stats: SpecStats, n_tokens: int) -> None:
     if stats.total_draft_tokens:
         table.add_row("draft tokens accepted",
                       f"{stats.total_accepted_draft_tokens}/{stats.total_draft_tokens} ({stats.acceptance_rate:.0%})")
-        per_pos = [f"{a / p:.2f}" if p else "-" for a, p in zip(stats.accepted_per_position, stats.proposed_per_position)]
+        per_pos = [f"{a / p:.2f}" if p else "-"
+                   for a, p in zip(stats.accepted_per_position, stats.proposed_per_position)]
         table.add_row("acceptance by position", " ".join(per_pos))
         table.add_row("accepted by source", ", ".join(f"{s} {n}" for s, n in stats.by_source().items()))
     if stats.num_iterations:

@@ -15,6 +15,7 @@ from rich.table import Table
 from trtspec.commands._common import UserError, console, err_console
 from trtspec.openai.auth import API_KEY_ENV
 from trtspec.openai.server import DEFAULT_PORT
+from trtspec.repository_reader import RepositoryError
 from trtspec.server import (
     LocalTritonServer,
     ServerError,
@@ -102,7 +103,7 @@ def _models_table(server: TritonServer, repo: Path) -> Table:
     try:
         for m in read_repository(repo):
             backends[m.name] = m.backend or m.platform
-    except ServerError:
+    except RepositoryError:
         pass
     table = Table(title="Models", title_justify="left", show_edge=False, header_style="bold")
     table.add_column("model")

@@ -58,7 +58,8 @@ Then compare the tuned schedule with the online controller:
 """
 
 
-@click.command("tune", help=_HELP, short_help="Measure the best k per concurrency band; write the draft-length schedule.")
+@click.command("tune", help=_HELP,
+               short_help="Measure the best k per concurrency band; write the draft-length schedule.")
 @click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--concurrency", default="1,2,4,8", show_default=True, metavar="LIST",
               help="Concurrency levels: each is the lower edge of a band of the schedule (the lowest applies from 1).")
@@ -102,7 +103,7 @@ def tune(config: Path, concurrency: str, draft_tokens: str | None, url: str | No
         sweep_variant,
         write_config,
     )
-    from trtspec.commands.bench import _int_list, default_output_dir
+    from trtspec.commands.bench import int_list, default_output_dir
     from trtspec.config import ConfigError, load_config
 
     try:
@@ -121,7 +122,7 @@ def tune(config: Path, concurrency: str, draft_tokens: str | None, url: str | No
     if draft_tokens is None:
         ks = [k for k in DEFAULT_KS if k <= max_k]
     else:
-        ks = _int_list("--draft-tokens", draft_tokens, 0)
+        ks = int_list("--draft-tokens", draft_tokens, 0)
         over = [k for k in ks if k > max_k]
         if over:
             raise UserError(f"--draft-tokens {', '.join(map(str, over))}: larger than this config's "
@@ -129,7 +130,7 @@ def tune(config: Path, concurrency: str, draft_tokens: str | None, url: str | No
     ks = sorted(set(ks) | {0})
     if ks == [0]:
         raise UserError("--draft-tokens: give at least one k > 0 to compare with the baseline")
-    levels = _int_list("--concurrency", concurrency, 1)
+    levels = int_list("--concurrency", concurrency, 1)
     try:
         dest, backup = output_paths(config, output, in_place)
         check_writable(dest, backup, force)
@@ -213,7 +214,8 @@ def _bench_variant(doc: dict, config: Path, settings: Any, prompts: Any, out: Pa
     status.start()
     try:
         prepare_checkpoints(cfg, lambda m: status.update(f"{what}: {m}..."))
-        with local_deployment(cfg, log_file=out / "triton.log", on_step=lambda m: status.update(f"{what}: {m}...")) as server:
+        step = lambda m: status.update(f"{what}: {m}...")  # noqa: E731
+        with local_deployment(cfg, log_file=out / "triton.log", on_step=step) as server:
             status.stop()
             ep = server.endpoints
             console.print(f"[green]{what}[/]: Triton ready (HTTP {ep.http_address})")

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from trtspec.contract.errors import RequestError
 from trtspec.drafters import SELECTIONS
 
 DRAFT_LENGTH_POLICIES = ("fixed", "adaptive")
@@ -29,10 +30,6 @@ GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 # Triton data types used here -> numpy
 NUMPY = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "FP16": np.float16, "UINT8": np.uint8,
          "BOOL": np.bool_, "STRING": np.object_}
-
-
-class RequestError(ValueError):
-    """A bad request: the client gets this message as an error response, the server stays up."""
 
 
 Check = Callable[[Any], "str | None"]  # value -> what is wrong with it, or None
@@ -247,6 +244,23 @@ RESPONSE_STATS: tuple[Stat, ...] = (
          vector=True, counter="spec_decode_num_accepted_tokens_by_source", label="source"),
 )
 
+
+
+class _StatNames:
+    """The statistics' names as attributes (`STAT.total_draft_tokens` is "total_draft_tokens"): code outside the
+    table names a statistic through it, so a name not in RESPONSE_STATS fails where it is used."""
+
+    def __getattr__(self, name: str) -> str:
+        if any(s.name == name for s in RESPONSE_STATS):
+            return name
+        raise AttributeError(f"{name} is not a statistic of trtspec.contract.RESPONSE_STATS")
+
+
+STAT = _StatNames()
+
+
+def stat_by_name(name: str) -> Stat:
+    return next(s for s in RESPONSE_STATS if s.name == name)
 
 @dataclass(frozen=True)
 class Output:

@@ -28,7 +28,7 @@ from trtspec.config import BuildConfig, EngineKind
 from trtspec.k8s import dashboard
 from trtspec.k8s.topology import GPU_PRODUCT_LABEL, GPU_RESOURCE, K8sError, Topology
 from trtspec.openai.auth import API_KEY_ENV
-from trtspec.repository import ENTRY_MODELS
+from trtspec.contract.models import ENTRY_MODELS
 from trtspec.server import ServerOptions
 from trtspec.server.health import DEFAULT_HEALTH_PORT
 
@@ -131,7 +131,8 @@ def default_storage(cfg: BuildConfig) -> Storage:
 
 
 def _checkpoint_paths(cfg: BuildConfig) -> dict[str, str]:
-    return {r: m.checkpoint for r in ("target", "draft") if (m := getattr(cfg, r)) is not None and not m.checkpoint.startswith("demo:")}
+    return {r: m.checkpoint for r in ("target", "draft")
+            if (m := getattr(cfg, r)) is not None and not m.checkpoint.startswith("demo:")}
 
 
 def _under(path: str, root: str) -> bool:
@@ -160,7 +161,8 @@ def _check(cfg: BuildConfig, opts: K8sOptions, storage: Storage, build_dir: str)
             raise K8sError(f"--api-key-secret: {opts.api_key_secret!r} is not a Secret name (lowercase letters, "
                            "digits, '-' and '.', starting and ending with a letter or digit)")
     if opts.min_replicas > opts.max_replicas:
-        raise K8sError(f"--min-replicas {opts.min_replicas} is above --max-replicas {opts.max_replicas}; raise --max-replicas")
+        raise K8sError(f"--min-replicas {opts.min_replicas} is above --max-replicas {opts.max_replicas}; "
+                       "raise --max-replicas")
     if not PurePosixPath(opts.models_path).is_absolute():
         raise K8sError(f"--models-path: {opts.models_path!r} must be an absolute path in the container")
     for role, ckpt in _checkpoint_paths(cfg).items():
@@ -220,7 +222,8 @@ def build_bundle(cfg: BuildConfig, topo: Topology, opts: K8sOptions) -> Bundle:
             f"storage pvc: run build-job.yaml (or `trtspec build -o {build_dir}` on the volume) before applying"
         )
     if SERVE_OPENAI_FLAG not in opts.serve_flags and opts.openai_port is not None:
-        notes.append(f"`trtspec serve` here has no {SERVE_OPENAI_FLAG}: the openai port is in the Service but not served")
+        notes.append(f"`trtspec serve` here has no {SERVE_OPENAI_FLAG}: the openai port is in the Service but not "
+                     "served")
     if opts.openai_port is not None and opts.api_key_secret is None:
         notes.append("the OpenAI API answers anyone who reaches the Service: --api-key-secret NAME protects it")
     elif opts.api_key_secret is not None:
@@ -231,7 +234,8 @@ def build_bundle(cfg: BuildConfig, topo: Topology, opts: K8sOptions) -> Bundle:
 
 class _Builder:
     def __init__(
-        self, cfg: BuildConfig, topo: Topology, opts: K8sOptions, name: str, storage: Storage, build_dir: str, claim: str | None
+        self, cfg: BuildConfig, topo: Topology, opts: K8sOptions, name: str, storage: Storage, build_dir: str,
+        claim: str | None,
     ) -> None:
         self.cfg, self.topo, self.opts, self.name = cfg, topo, opts, name
         self.storage, self.build_dir, self.claim = storage, build_dir, claim
@@ -256,7 +260,8 @@ class _Builder:
         data = {"config.yaml": yaml.safe_dump(self.cfg.model_dump(mode="json", exclude_none=True), sort_keys=False)}
         if self.topo.multi_node:
             # Open MPI's rsh agent: start a rank in a worker pod (host = <pod>.<subdomain>) through the API server.
-            data[RSH_AGENT] = '#!/bin/sh\nhost="$1"; shift\nexec kubectl exec "${host%%.*}" -c worker -- /bin/sh -c "$*"\n'
+            data[RSH_AGENT] = ('#!/bin/sh\nhost="$1"; shift\n'
+                               'exec kubectl exec "${host%%.*}" -c worker -- /bin/sh -c "$*"\n')
         return self.obj("v1", "ConfigMap", "-config", data=data)
 
     def pvc(self) -> dict[str, Any]:
@@ -272,7 +277,8 @@ class _Builder:
     # ------------------------------------------------------------------------------------------- pods
 
     def serve_args(self) -> list[str]:
-        args = ["serve", f"{self.build_dir}/model_repository", "--follow-log", "--timeout", str(self.opts.startup_timeout_s)]
+        args = ["serve", f"{self.build_dir}/model_repository", "--follow-log",
+                "--timeout", str(self.opts.startup_timeout_s)]
         for port_name, flag in (("http", "--http-port"), ("grpc", "--grpc-port"), ("metrics", "--metrics-port")):
             args += [flag, str(self.ports[port_name])]
         if "openai" in self.ports and SERVE_OPENAI_FLAG in self.opts.serve_flags:
@@ -361,7 +367,8 @@ class _Builder:
             "volumeMounts": mounts,
         }
 
-    def pod_spec(self, containers: list[dict[str, Any]], init: list[dict[str, Any]], vols: list[dict[str, Any]]) -> dict[str, Any]:
+    def pod_spec(self, containers: list[dict[str, Any]], init: list[dict[str, Any]],
+                 vols: list[dict[str, Any]]) -> dict[str, Any]:
         spec: dict[str, Any] = {}
         if init:
             spec["initContainers"] = init
@@ -398,7 +405,8 @@ class _Builder:
         script = (
             'L="${LWS_LEADER_ADDRESS%%.*}"; D="${LWS_LEADER_ADDRESS#*.}"\n'
             f'echo "$LWS_LEADER_ADDRESS slots={gpn}" > {hostfile}\n'
-            f'i=1; while [ "$i" -lt "$LWS_GROUP_SIZE" ]; do echo "$L-$i.$D slots={gpn}" >> {hostfile}; i=$((i+1)); done\n'
+            f'i=1; while [ "$i" -lt "$LWS_GROUP_SIZE" ]; do echo "$L-$i.$D slots={gpn}" >> {hostfile}; '
+            'i=$((i+1)); done\n'
             f"exec trtspec {shlex.join(serve_args)}\n"
         )
         leader["command"] = ["/bin/sh", "-c", script]
@@ -484,7 +492,8 @@ class _Builder:
                 "type": "ClusterIP",
                 "selector": self.pod_selector(),
                 "ports": [
-                    {"name": n, "port": p, "targetPort": n, "protocol": "TCP", **({"appProtocol": "kubernetes.io/h2c"} if n == "grpc" else {})}
+                    {"name": n, "port": p, "targetPort": n, "protocol": "TCP",
+                     **({"appProtocol": "kubernetes.io/h2c"} if n == "grpc" else {})}
                     for n, p in self.ports.items()
                 ],
             },
@@ -508,9 +517,11 @@ class _Builder:
                     }
                 ],
                 "behavior": {
-                    "scaleUp": {"stabilizationWindowSeconds": 60, "policies": [{"type": "Pods", "value": 1, "periodSeconds": 120}]},
+                    "scaleUp": {"stabilizationWindowSeconds": 60,
+                                "policies": [{"type": "Pods", "value": 1, "periodSeconds": 120}]},
                     # a replica costs an engine load: keep it through short lulls
-                    "scaleDown": {"stabilizationWindowSeconds": 600, "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}]},
+                    "scaleDown": {"stabilizationWindowSeconds": 600,
+                                  "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}]},
                 },
             },
         )
@@ -537,7 +548,8 @@ class _Builder:
                 "custom": [
                     {
                         "seriesQuery": f'{QUEUE_METRIC}{{namespace!="",pod!=""}}',
-                        "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
+                        "resources": {"overrides": {"namespace": {"resource": "namespace"},
+                                                    "pod": {"resource": "pod"}}},
                         "name": {"matches": f"^{QUEUE_METRIC}$", "as": QUEUE_METRIC},
                         "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
                     }

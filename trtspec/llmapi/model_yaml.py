@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtspec.pipeline.preflight import plan_max_num_tokens
-from trtspec.config import BuildConfig, LlmapiConfig
+from trtspec.config import BuildConfig, LlmapiConfig, plan_max_num_tokens
 from trtspec.checkpoint import default_capture_layers, eagle3_capture_layers, inspect_checkpoint
 from trtspec.llmapi.draft_floor import TWO_MODEL_FIELD, DraftFloorError, Floored, resolve
 from trtspec.llmapi.fields import pinned_version, version_fields

@@ -14,12 +14,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trtspec.contract import REQUEST_FIELDS, RequestError
+from trtspec.contract import REQUEST_FIELDS, STAT, RequestError
+from trtspec.contract.limits import RequestLimits
 from trtspec.metrics import SpecStats
 
 # the statistics TensorRT-LLM reports per request (trtspec.contract names); the others have no source there
-REPORTED_STATS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_iterations",
-                  "acceptance_derived")
+REPORTED_STATS = (STAT.acceptance_rate, STAT.total_accepted_draft_tokens, STAT.total_draft_tokens, STAT.num_iterations,
+                  STAT.acceptance_derived)
 
 Getter = Callable[[str], Any]  # (input name) -> python scalar, list of str, or None
 
@@ -36,7 +37,8 @@ SERVED = {"text_input", "max_tokens", "num_draft_tokens", "use_draft_logits", "d
           "stream", "temperature", "top_k", "top_p", "seed", "min_tokens", "end_id", "pad_id", "stop_words",
           "bad_words", "return_perf_metrics"}
 # accepted at the value that changes nothing (their checks in trtspec.contract refuse any other)
-NEUTRAL = {"beam_width", "num_return_sequences", "return_log_probs", "return_context_logits", "return_generation_logits"}
+NEUTRAL = {"beam_width", "num_return_sequences", "return_log_probs", "return_context_logits",
+           "return_generation_logits"}
 
 
 # the Triton backend's guided_decoding_guide_type -> the LLM API's GuidedDecodingParams field (its value: the guide;
@@ -79,11 +81,7 @@ def parse(get: Getter, default_draft_len: int, guided_refused: str | None = None
             f.validate(get(f.name))
     max_tokens = int(get("max_tokens"))
     k = get("num_draft_tokens")
-    if k is not None and int(k) > default_draft_len:
-        raise RequestError(
-            f"num_draft_tokens {k} is larger than max_draft_len {default_draft_len}; this deployment (engine: llmapi) "
-            "drafts up to max_draft_len per step, as TensorRT-LLM's schedule decides"
-        )
+    RequestLimits(max_draft_len=default_draft_len).check(None, max_tokens, None if k is None else int(k))
     if get("return_log_probs"):
         raise RequestError("return_log_probs: not available with engine: llmapi in this release; use engine: "
                            "tensorrt_llm or reference, or leave it out")

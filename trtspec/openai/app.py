@@ -21,10 +21,12 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trtspec.client import request_fields
+from trtspec.contract import STAT
+from trtspec.contract.limits import LimitError
 from trtspec.logprobs import TopLogProbs
 from trtspec.metrics import SpecStats
 from trtspec.openai.backend import TritonBackend, TritonStream, unavailable
-from trtspec.openai.protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, OpenAIError, _GenerationRequest
+from trtspec.openai.protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, OpenAIError, GenerationRequest
 from trtspec.openai.stop import StopMatcher
 from trtspec.openai.structured import Plan, content_before_calls, parse_tool_calls
 from trtspec.openai.tool_calls import ToolCallStream
@@ -230,7 +232,7 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
         prompt = backend.render_chat(req.template_messages(), structured.tools)
         return await _generate(req, prompt, "messages", chat=True, structured=structured)
 
-    async def _generate(req: _GenerationRequest, prompt: str, prompt_param: str, chat: bool, echo: str = "",
+    async def _generate(req: GenerationRequest, prompt: str, prompt_param: str, chat: bool, echo: str = "",
                         structured: Plan | None = None) -> Any:
         structured = structured or Plan()
         triton_model = deployment.models.get(req.model)
@@ -240,15 +242,14 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
         await wait_until_ready()
         prompt_ids = backend.encode(prompt)
         prompt_tokens = len(prompt_ids)
-        limit = deployment.max_input_len
-        max_tokens = req.requested_max_tokens or limit - prompt_tokens
-        if prompt_tokens + max_tokens > limit or max_tokens < 1:
-            raise OpenAIError(400, f"the prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds this "
-                                   f"deployment's limit of {limit} tokens (max_input_len): shorten the prompt or "
-                                   "lower max_tokens", param=prompt_param, code="context_length_exceeded")
-        if req.num_draft_tokens is not None and req.num_draft_tokens > deployment.max_draft_len:
-            raise OpenAIError(400, f"num_draft_tokens {req.num_draft_tokens} is larger than this deployment's "
-                                   f"max_draft_len ({deployment.max_draft_len})", param="num_draft_tokens")
+        # without max_tokens a request may generate up to the limit (at least one token)
+        max_tokens = req.requested_max_tokens or max(1, (deployment.limits.max_input_len or 0) - prompt_tokens)
+        try:
+            deployment.limits.check(prompt_tokens, max_tokens, req.num_draft_tokens)
+        except LimitError as e:
+            if e.field == "num_draft_tokens":
+                raise OpenAIError(400, str(e), param=e.field) from None
+            raise OpenAIError(400, str(e), param=prompt_param, code="context_length_exceeded") from None
 
         def fields_of(choice: int) -> dict[str, Any]:
             # each choice is its own request; with a seed, choice i samples with seed + i (reproducible, distinct)
@@ -279,7 +280,7 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
             if len(outs) == 1:
                 return outs[0].stats
             total = SpecStats.total(SpecStats.from_wire(o.stats) for o in outs)
-            return total.to_wire() | {"acceptance_rate": total.acceptance_rate}
+            return total.to_wire() | {STAT.acceptance_rate: total.acceptance_rate}
 
         def token_logprobs(ids: list[int], lps: list[float], offset: int, top: TopLogProbs | None) -> dict[str, Any] | None:
             if not req.wants_log_probs:

@@ -10,7 +10,6 @@ called directly, sees the cancellation and stops. It also gives the prompt's tok
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,16 +17,17 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
-from trtspec.client import STAT_NAMES, Chunk, _stats, infer_input, log_probs, top_log_probs
+from trtspec.client import STAT_NAMES, Chunk, infer_input, log_probs, response_stats, top_log_probs
 from trtspec.contract import REQUEST_FIELDS, RequestError, field_by_name
-from trtspec.loop import PROCESS_DIED, LoopSettings
+from trtspec.contract.errors import ErrorKind, decode
+from trtspec.contract.limits import RequestLimits
+from trtspec.loop import SETTINGS_PARAMETER, LoopSettings
 from trtspec.openai.protocol import OpenAIError
-from trtspec.repository import BASELINE, BASELINE_LOOP, ENSEMBLE, LOOP, list_models
+from trtspec.contract.models import BASELINE, ENSEMBLE, LOOP, LOOP_OF, POSTPROCESSING, PREPROCESSING
+from trtspec.repository import list_models
 from trtspec.text import TextCodec
 from trtspec.openai.structured import Tool, with_tool_prompt
-from trtspec.triton_io import BAD_REQUEST, to_words_list
-
-PREPROCESSING, POSTPROCESSING = "preprocessing", "postprocessing"
+from trtspec.triton_io import to_words_list
 
 
 class DeploymentError(Exception):
@@ -48,8 +48,7 @@ def deployment_name(repo: Path) -> str:
 @dataclass(frozen=True)
 class Deployment:
     name: str
-    max_input_len: int  # prompt + max_tokens, in tokens (the speculative loop's limit)
-    max_draft_len: int
+    limits: RequestLimits  # the loop's: prompt + max_tokens, draft tokens per call
     tokenizer_dir: str
     add_special_tokens: bool  # what preprocessing does when it tokenizes text_input
     skip_special_tokens: bool  # what postprocessing does when it detokenizes
@@ -68,15 +67,14 @@ class Deployment:
             return {k: v.string_value for k, v in models[model].parameters.items()}
 
         loop, pre, post = params(LOOP), params(PREPROCESSING), params(POSTPROCESSING)
-        settings = LoopSettings.model_validate_json(loop["loop_settings"])
+        settings = LoopSettings.model_validate_json(loop[SETTINGS_PARAMETER])
         return cls(
             name=name or deployment_name(repo),
-            max_input_len=settings.max_input_len,
-            max_draft_len=settings.speculative.max_draft_len,
+            limits=settings.limits,
             tokenizer_dir=pre["tokenizer_dir"],
             add_special_tokens=pre.get("add_special_tokens", "false").lower() == "true",
             skip_special_tokens=post.get("skip_special_tokens", "true").lower() == "true",
-            loops={ENSEMBLE: LOOP, BASELINE: BASELINE_LOOP},
+            loops=dict(LOOP_OF),
             loop_inputs={f.name: f.loop_input for f in REQUEST_FIELDS if f.loop_input is not None},
         )
 
@@ -161,7 +159,8 @@ class TritonBackend:
                 raise OpenAIError(400, str(e), param="stop") from None
             inputs.append(infer_input("stop_words_list", to_words_list(words)))
         for name, value in fields.items():
-            inputs.append(infer_input(self.deployment.loop_inputs[name], np.array([[value]], dtype=field_by_name(name).numpy)))
+            value = np.array([[value]], dtype=field_by_name(name).numpy)
+            inputs.append(infer_input(self.deployment.loop_inputs[name], value))
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
             yield {"model_name": self.deployment.loops[endpoint], "inputs": inputs}
@@ -192,18 +191,18 @@ class TritonStream:
             try:
                 result, error = await self._responses.__anext__()
             except InferenceServerException as e:
-                raise _triton_error(e.message()) from None
+                raise openai_error(e.message()) from None
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.UNAVAILABLE:
                     raise unavailable(f"lost the connection to Triton at {self._url}: {e.details()}") from None
                 raise OpenAIError(500, f"Triton at {self._url}: {e.details()}") from None
             if error is not None:
-                raise _triton_error(error.message())
+                raise openai_error(error.message())
             t = time.perf_counter()
             if result.as_numpy("output_ids") is None:
                 continue  # an empty final response
             ids, prefix = ([int(x) for x in result.as_numpy(n).reshape(-1)] for n in ("output_ids", "prefix_ids"))
-            stats = _stats({k: result.as_numpy(k) for k in STAT_NAMES})
+            stats = response_stats({k: result.as_numpy(k) for k in STAT_NAMES})
             return Chunk(self._detokenize(prefix, ids), ids, t, stats, log_probs(result.as_numpy("output_log_probs")),
                          top_log_probs(result.as_numpy))
 
@@ -211,9 +210,6 @@ class TritonStream:
         self._responses.cancel()
 
 
-#: Triton's Python backend, for a request to a model whose stub process died (python_be.cc), and the loop's, for an
-#: engine call in flight when it died
-DEAD_STUB_RE = re.compile(rf"Stub process '[^']*' is not healthy|{re.escape(PROCESS_DIED)}")
 #: what a client is told to wait before it retries a request that met a dead model process
 RETRY_AFTER_S = 5
 
@@ -224,9 +220,15 @@ def unavailable(message: str) -> OpenAIError:
                        code="service_unavailable", retry_after_s=RETRY_AFTER_S)
 
 
-def _triton_error(message: str) -> OpenAIError:
-    if BAD_REQUEST in message:
-        return OpenAIError(400, message[message.index(BAD_REQUEST) + len(BAD_REQUEST):])
-    if DEAD_STUB_RE.search(message):
+def openai_error(message: str) -> OpenAIError:
+    """The OpenAI API's answer to an error Triton streamed back, by its kind (trtspec.contract.errors)."""
+    kind, detail = decode(message)
+    if kind is ErrorKind.BAD_REQUEST:
+        return OpenAIError(400, detail)
+    if kind is ErrorKind.PROCESS_DIED:
         return unavailable(f"a model process of the deployment died ({message})")
+    if kind is ErrorKind.OVERLOADED:
+        return unavailable(f"the deployment is overloaded ({detail})")
+    if kind is ErrorKind.CANCELLED:
+        return unavailable(f"the deployment cancelled the request ({detail})")
     return OpenAIError(500, f"the deployment failed: {message}")

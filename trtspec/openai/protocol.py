@@ -66,7 +66,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _GenerationRequest(BaseModel):
+class GenerationRequest(BaseModel):
     """What completions and chat completions share."""
 
     model_config = ConfigDict(extra="allow")
@@ -116,7 +116,7 @@ class _GenerationRequest(BaseModel):
         return stops
 
     @model_validator(mode="after")
-    def _unsupported(self) -> "_GenerationRequest":
+    def _unsupported(self) -> "GenerationRequest":
         for name in ("suffix", "tools", "functions", "response_format"):
             if (self.model_extra or {}).get(name) not in (None, False, 0, ""):
                 raise ValueError(f"{name} is not supported by this server")
@@ -140,7 +140,7 @@ class _GenerationRequest(BaseModel):
         return getattr(self, "max_tokens", None)
 
 
-class CompletionRequest(_GenerationRequest):
+class CompletionRequest(GenerationRequest):
     prompt: str | list[str]
     max_tokens: int | None = Field(default=None, gt=0)
     echo: bool = False  # the prompt is returned before the completion, in the choice's text
@@ -192,7 +192,7 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class ChatCompletionRequest(_GenerationRequest):
+class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, gt=0)
     max_completion_tokens: int | None = Field(default=None, gt=0)

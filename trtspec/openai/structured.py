@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trtspec.openai.tool_calls import OPEN_TAG, call_id, candidates, scan
+from trtspec.openai.tool_calls import OPEN_TAG, parse_tool_calls  # noqa: F401  (the API's)
 
 
 class JSONSchemaFormat(BaseModel):
@@ -180,34 +180,6 @@ def with_tool_prompt(messages: list[dict[str, Any]], tools: list[Tool]) -> list[
         first = dict(messages[0], content=f"{messages[0]['content']}\n\n{tool_prompt(tools)}")
         return [first, *messages[1:]]
     return [{"role": "system", "content": tool_prompt(tools)}, *messages]
-
-
-def _call(name: str, arguments: Any) -> dict[str, Any]:
-    args = arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {})
-    return {"id": call_id(), "type": "function", "function": {"name": name, "arguments": args}}
-
-
-def parse_tool_calls(p: Plan, text: str) -> list[dict[str, Any]] | None:
-    """The tool calls the output holds (OpenAI's tool_calls), or None: the output is the message's content. Each
-    call's arguments are the text the model wrote for them, as a streamed answer sends them (trtspec.openai.tool_calls)."""
-    if p.mode == "named":
-        return [_call(p.named, text.strip())]
-    names = {t.function.name for t in p.tools}
-    calls: list[dict[str, Any]] = []
-    for _, part in candidates(text):
-        try:
-            value = json.loads(part)
-        except ValueError:
-            return None
-        items = value if isinstance(value, list) else [value]
-        spans = scan(part)
-        if len(spans) != len(items):
-            return None
-        for item, span in zip(items, spans):
-            if not isinstance(item, dict) or item.get("name") not in names:
-                return None
-            calls.append(_call(item["name"], span.arguments(part)))
-    return calls or None
 
 
 def content_before_calls(text: str) -> str | None:

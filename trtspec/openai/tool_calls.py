@@ -197,8 +197,6 @@ class ToolCallStream:
         return "", self._calls(text)
 
     def _calls_valid(self, text: str) -> bool:
-        from trtspec.openai.structured import parse_tool_calls
-
         return parse_tool_calls(self.plan, text) is not None
 
     def _calls(self, text: str) -> list[dict[str, Any]]:
@@ -246,3 +244,31 @@ def _partial_tag(text: str) -> int:
         if OPEN_TAG.startswith(text[-k:]):
             return k
     return 0
+
+
+def _call(name: str, arguments: Any) -> dict[str, Any]:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {})
+    return {"id": call_id(), "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def parse_tool_calls(p: Plan, text: str) -> list[dict[str, Any]] | None:
+    """The tool calls the output holds (OpenAI's tool_calls), or None: the output is the message's content. Each
+    call's arguments are the text the model wrote for them, as a streamed answer sends them (trtspec.openai.tool_calls)."""
+    if p.mode == "named":
+        return [_call(p.named, text.strip())]
+    names = {t.function.name for t in p.tools}
+    calls: list[dict[str, Any]] = []
+    for _, part in candidates(text):
+        try:
+            value = json.loads(part)
+        except ValueError:
+            return None
+        items = value if isinstance(value, list) else [value]
+        spans = scan(part)
+        if len(spans) != len(items):
+            return None
+        for item, span in zip(items, spans):
+            if not isinstance(item, dict) or item.get("name") not in names:
+                return None
+            calls.append(_call(item["name"], span.arguments(part)))
+    return calls or None

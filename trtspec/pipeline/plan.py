@@ -45,6 +45,8 @@ from trtspec.pipeline.preflight import (
 )
 from trtspec.checkpoint import CheckpointError, CheckpointInfo, checkpoint_fingerprint, inspect_checkpoint
 from trtspec.config import BuildConfig, EngineKind, ModelConfig, checkpoint_path
+from trtspec.llmapi.model_yaml import ModelYamlError, load_controls, validate_installed
+from trtspec.llmapi.repository import model_yamls
 from trtspec.machine import Machine
 
 PLAN_FORMAT = 1
@@ -478,7 +480,8 @@ def make_plan(
         )
     compiled = []
     if any(m is not None and m.linear_kernels == "compiled" for m in (cfg.target, cfg.draft)):  # torch only then
-        from trtspec.reference_engine.compiled_linear import environment_key, roles_to_compile
+        from trtspec.reference_engine.compiled_linear import environment_key
+        from trtspec.reference_engine.device import roles_to_compile
 
         compiled = [r for r in roles_to_compile(cfg) if r in checkpoints]
     if compiled:
@@ -575,9 +578,6 @@ def make_plan(
 
 def _llmapi_yamls(plan: Plan, kv_fraction: float | None) -> dict[str, Any]:
     """The generated model.yaml per endpoint, or the reason it cannot be generated (a preflight error)."""
-    from trtspec.llmapi.model_yaml import ModelYamlError, load_controls, validate_installed
-    from trtspec.llmapi.repository import model_yamls
-
     try:
         docs = model_yamls(plan.cfg, draft_dir=plan.llmapi_draft_dir, version=plan.trtllm_version, kv_fraction=kv_fraction)
         # the installed TensorRT-LLM's own classes where it is importable; the recorded layouts otherwise

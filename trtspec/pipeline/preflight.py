@@ -33,7 +33,7 @@ from trtspec.checkpoint import (
     format_bytes,
     format_params,
 )
-from trtspec.config import BuildConfig, EngineKind, ModelConfig
+from trtspec.config import BuildConfig, EngineKind, ModelConfig, plan_max_num_tokens
 from trtspec.contract.nvidia import ENGINE_FLOW_RANGE
 from trtspec.machine import Machine, disk_free
 
@@ -229,13 +229,6 @@ def estimate_model(
     seqs = min(L.max_batch_size, 4)
     min_kv = kv_tok * (L.max_seq_len + K) * seqs
     return ModelEstimate(role, gpus, weights, activations, RUNTIME_OVERHEAD, kv_tok, min_kv, seqs, total_weights)
-
-
-def plan_max_num_tokens(cfg: BuildConfig) -> int:
-    """>= max_input_len (a whole prompt fits one step without chunked context) and >= max_batch_size*(K+1)
-    (every sequence can verify K draft tokens + 1 in one step; TensorRT-LLM raises it to that anyway)."""
-    L = cfg.limits
-    return max(L.max_input_len, L.max_batch_size * (cfg.speculative.max_draft_len + 1))
 
 
 # ---------------------------------------------------------------------------------------------- checks

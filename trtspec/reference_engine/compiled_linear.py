@@ -30,6 +30,9 @@ from pathlib import Path
 
 import torch
 
+from trtspec.cache import cache_root
+from trtspec.reference_engine.cpu import cpu_flags
+
 # Bumped when what a kernel directory holds, or how a kernel is compiled, changes: older directories are stale.
 FORMAT = 1
 MANIFEST = "kernels.json"
@@ -60,16 +63,12 @@ def block(weight: torch.Tensor, block_n: int) -> torch.Tensor:
 
 def environment_key() -> str:
     """What a compiled kernel depends on besides its shape: torch's build and the CPU's instruction sets."""
-    from trtspec.reference_engine.device import cpu_flags
-
     flags = " ".join(sorted(cpu_flags()))
     return hashlib.sha256(f"{FORMAT}|{torch.__version__}|{torch.__config__.show()}|{flags}".encode()).hexdigest()[:16]
 
 
 def cache_dir() -> Path:
     """Where kernels are compiled and kept for this torch build and CPU: $TRTSPEC_CACHE/kernels/<key>."""
-    from trtspec.cache import cache_root
-
     return cache_root() / "kernels" / environment_key()
 
 
@@ -281,19 +280,6 @@ def replace_linears(model: torch.nn.Module, kernels: dict[tuple[int, int], Kerne
     for parent, name, compiled in replacements:
         setattr(parent, name, compiled)
     return len(replacements)
-
-
-def roles_to_compile(cfg) -> list[str]:  # noqa: ANN001 - trtspec.config.BuildConfig (imported lazily)
-    """The roles ("target", "draft") of a build config whose engines will ask for compiled kernels: engine
-    reference on the CPU (on a GPU torch's CUDA kernels run), `linear_kernels: compiled`, and float32 as its dtype
-    resolves on this machine (a CPU where auto picks bf16 would not use them)."""
-    from trtspec.config import EngineKind
-    from trtspec.reference_engine.device import choose_precision, pick_device
-
-    if cfg.engine is not EngineKind.reference or pick_device(cfg.device) != "cpu":
-        return []
-    return [r for r in ("target", "draft") if (m := getattr(cfg, r)) is not None and m.linear_kernels == "compiled"
-            and choose_precision(m.dtype, "cpu").dtype == "float32"]
 
 
 def checkpoint_shapes(checkpoint: str | Path) -> list[tuple[int, int]]:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import torch
 
-from trtspec.config import LinearKernels
+from trtspec.config import EngineKind, LinearKernels
 from trtspec.reference_engine import compiled_linear, packed_linear
+from trtspec.reference_engine.cpu import cpu_flags
 
 log = logging.getLogger("trtspec.reference_engine")
 
@@ -84,19 +85,6 @@ class Precision:
     @property
     def batch_invariant(self) -> bool:
         return BATCH_INVARIANT[self.dtype] or (self.dtype == "bfloat16" and self.exact_bf16)
-
-
-def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
-    """The first CPU's feature flags; empty where /proc/cpuinfo is not readable (not Linux)."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
 
 
 def choose_precision(requested: str, device: str, flags: frozenset[str] | None = None) -> Precision:
@@ -177,6 +165,16 @@ def tune_for_cpu(model: torch.nn.Module, linear_kernels: str = "auto", kernel_di
         if isinstance(m, torch.nn.Linear) and m.weight.is_contiguous():
             m.weight.data = m.weight.data.t().contiguous().t()
     return kernels
+
+
+def roles_to_compile(cfg) -> list[str]:  # noqa: ANN001 - trtspec.config.BuildConfig
+    """The roles ("target", "draft") of a build config whose engines will ask for compiled kernels: engine
+    reference on the CPU (on a GPU torch's CUDA kernels run), `linear_kernels: compiled`, and float32 as its dtype
+    resolves on this machine (a CPU where auto picks bf16 would not use them)."""
+    if cfg.engine is not EngineKind.reference or pick_device(cfg.device) != "cpu":
+        return []
+    return [r for r in ("target", "draft") if (m := getattr(cfg, r)) is not None and m.linear_kernels == "compiled"
+            and choose_precision(m.dtype, "cpu").dtype == "float32"]
 
 
 def pick_device(device: str) -> str:

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trtspec.contract.fields import RequestError
+from trtspec.contract.fields import STAT, RequestError
 from trtspec.guided import guide_from_tensors
 from trtspec.reference_engine.request import EngineRequest, EngineResult
 from trtspec.speculative import SamplingParams
@@ -169,9 +169,9 @@ def result_tensors(
             ("first_scheduled_time_ns", scheduled_ns, np.int64),
             ("first_token_time_ns", result.first_token_ns, np.int64),
             ("last_token_time_ns", result.last_token_ns, np.int64),
-            ("acceptance_rate", a / k if k else 0.0, np.float32),
-            ("total_accepted_draft_tokens", a, np.int32),
-            ("total_draft_tokens", k, np.int32),
+            (STAT.acceptance_rate, a / k if k else 0.0, np.float32),
+            (STAT.total_accepted_draft_tokens, a, np.int32),
+            (STAT.total_draft_tokens, k, np.int32),
         ):
             out[name] = t([[value]], dtype)
     if flag("return_num_input_tokens"):

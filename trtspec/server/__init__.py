@@ -26,13 +26,12 @@ from trtspec.server.base import (
     failed_models_from_log,
     free_port,
 )
+from trtspec.repository_reader import RepositoryModel, read_repository
 from trtspec.server.launch import (
     LaunchPlan,
-    RepositoryModel,
     TrtllmTritonServer,
     exec_launch,
     plan_launch,
-    read_repository,
     run_launch,
     trtllm_model_names,
 )

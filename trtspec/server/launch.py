@@ -34,77 +34,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
+from trtspec.repository_reader import RepositoryError, read_repository
 from trtspec.server.base import ServerError, ServerOptions
 from trtspec.server.local import LocalTritonServer, SYSTEM_TRITONSERVER
 
-TRTLLM_BACKEND = "tensorrtllm"
 LaunchMode = Literal["single", "leader", "orchestrator"]
 #: Triton releases after this one need the orchestrator memory-pool flags (NVIDIA's check: version > 24.06)
 ORCHESTRATOR_POOL_FLAGS_AFTER = (24, 6)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Reading the repository
-
-
-@dataclass(frozen=True)
-class RepositoryModel:
-    """One model directory of a Triton model repository."""
-
-    name: str
-    path: Path
-    backend: str = ""
-    platform: str = ""
-    #: the parsed ``tritonclient.grpc.model_config_pb2.ModelConfig`` (None if config.pbtxt did not parse)
-    config: Any = None
-    #: why config.pbtxt did not parse (e.g. unfilled ``${...}`` template fields); backend/platform then come from a
-    #: line scan
-    parse_error: str | None = None
-
-    @property
-    def is_trtllm(self) -> bool:
-        return self.backend == TRTLLM_BACKEND
-
-    def parameter(self, key: str) -> str | None:
-        if self.config is None or key not in self.config.parameters:
-            return None
-        return self.config.parameters[key].string_value
-
-
-_FIELD_RE = {k: re.compile(rf'^\s*{k}\s*:\s*"([^"]*)"', re.M) for k in ("name", "backend", "platform")}
-
-
-def read_model_config(config_path: Path) -> RepositoryModel:
-    """Parse one ``config.pbtxt`` with ``ModelConfig`` via ``google.protobuf.text_format``."""
-    text = config_path.read_text()
-    model_dir = config_path.parent
-    try:
-        from google.protobuf import text_format
-        from tritonclient.grpc import model_config_pb2
-
-        cfg = text_format.Parse(text, model_config_pb2.ModelConfig())
-        return RepositoryModel(
-            name=cfg.name or model_dir.name, path=model_dir, backend=cfg.backend, platform=cfg.platform, config=cfg
-        )
-    except Exception as e:  # text_format.ParseError, or tritonclient[grpc] missing
-        found = {k: (m.group(1) if (m := r.search(text)) else "") for k, r in _FIELD_RE.items()}
-        return RepositoryModel(
-            name=found["name"] or model_dir.name, path=model_dir, backend=found["backend"],
-            platform=found["platform"], parse_error=str(e).splitlines()[0] if str(e) else type(e).__name__,
-        )
-
-
-def read_repository(model_repository: str | Path) -> list[RepositoryModel]:
-    """Every model (sub-directory with a ``config.pbtxt``) of a repository, sorted by directory name."""
-    repo = Path(model_repository).expanduser()
-    if not repo.is_dir():
-        raise ServerError(f"model repository {repo} does not exist or is not a directory")
-    return [read_model_config(d / "config.pbtxt") for d in sorted(repo.iterdir()) if (d / "config.pbtxt").is_file()]
-
-
 def trtllm_model_names(model_repository: str | Path) -> list[str]:
     """Names of the TensorRT-LLM-backend models (``backend: "tensorrtllm"``) in the repository."""
-    return [m.name for m in read_repository(model_repository) if m.is_trtllm]
+    try:
+        return [m.name for m in read_repository(model_repository) if m.is_trtllm]
+    except RepositoryError as e:
+        raise ServerError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -197,9 +141,9 @@ def plan_launch(
 
     ``tensorrt_llm_model_names``: default = the models with ``backend: "tensorrtllm"`` in the repository.
     ``multi_model``: orchestrator mode; default = two or more TensorRT-LLM models. ``model_ranks``: TP x PP of each
-    TensorRT-LLM model (default 1 each); with ``disable_spawn_processes`` world_size must be 1 + their sum. ``triton_version``: default
-    ``$NVIDIA_TRITON_SERVER_VERSION``. ``num_gpus``: default ``gpu_count()`` (only needed for the orchestrator
-    memory-pool flags).
+    TensorRT-LLM model (default 1 each); with ``disable_spawn_processes`` world_size must be 1 + their sum.
+    ``triton_version``: default ``$NVIDIA_TRITON_SERVER_VERSION``. ``num_gpus``: default ``gpu_count()`` (only
+    needed for the orchestrator memory-pool flags).
     """
     repo = Path(model_repository).expanduser().resolve()
     names = list(tensorrt_llm_model_names) if tensorrt_llm_model_names else trtllm_model_names(repo)

@@ -62,6 +62,7 @@ from typing import IO, Any, Literal, Mapping, Sequence
 
 from trtspec.cache import cache_root
 from trtspec.processes import process_group_members
+from trtspec.repository_reader import RepositoryError, read_repository
 from trtspec.server.base import (
     BIND_ERROR_RE,
     Endpoints,
@@ -194,7 +195,8 @@ def prepare_bundled_backends(
 
     def _valid(d: Path) -> bool:
         try:
-            return json.loads((d / marker_name).read_text()) == fingerprint and (d / "backends/python" / STUB_NAME).is_file()
+            return json.loads((d / marker_name).read_text()) == fingerprint \
+                and (d / "backends/python" / STUB_NAME).is_file()
         except (OSError, ValueError):
             return False
 
@@ -393,13 +395,10 @@ def _set_pdeathsig() -> None:  # runs in the child between fork and exec
 
 
 def _repository_models(repository: Path) -> list[Any] | None:
-    """The repository's models (trtspec.server.launch.read_repository); None when it cannot be read (Triton
-    then says why)."""
-    from trtspec.server.launch import read_repository  # launch builds on this module
-
+    """The repository's models; None when it cannot be read (Triton then says why)."""
     try:
         return read_repository(repository)
-    except (ServerError, OSError):
+    except (RepositoryError, OSError):
         return None
 
 

@@ -30,8 +30,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Collection, Mapping, Protocol
 
-from trtspec.server.base import ServerError, ServerOptions, TritonServer
+from trtspec.contract.models import OPTIONAL_MODELS, RELOADABLE_MODELS
 from trtspec.processes import stub_processes
+from trtspec.server.base import ServerError, ServerOptions, TritonServer
 
 log = logging.getLogger("trtspec.watchdog")
 
@@ -153,7 +154,8 @@ class ModelWatchdog:
 
     def prometheus(self) -> str:
         """The restarts counter in Prometheus' text format."""
-        lines = [f"# HELP {RESTARTS_COUNTER} Recoveries (model reloads or server restarts) trtspec made because a model's process died.",
+        lines = [f"# HELP {RESTARTS_COUNTER} Recoveries (model reloads or server restarts) trtspec made because a "
+                 "model's process died.",
                  f"# TYPE {RESTARTS_COUNTER} counter"]
         with self._lock:
             counts = dict(self.restarts)
@@ -261,7 +263,8 @@ class ModelWatchdog:
         with self._lock:
             for f in faults:
                 f.error = error
-            self._dead_reason = f"tritonserver did not come back after {', '.join(f.model for f in faults)} died: {error}"
+            died = ", ".join(f.model for f in faults)
+            self._dead_reason = f"tritonserver did not come back after {died} died: {error}"
             self._recovering = []
         self._event(f"{self._dead_reason}; reporting not live")
 
@@ -285,7 +288,6 @@ def watchable(options: ServerOptions) -> ServerOptions:
 
 def deployment_watchdog(server: RestartableServer, **kwargs: object) -> ModelWatchdog:
     """A watchdog for a trtspec deployment: which models it reloads alone, and which the endpoints serve without,
-    are the repository's (trtspec.repository)."""
-    from trtspec.repository import OPTIONAL_MODELS, RELOADABLE_MODELS
-
-    return ModelWatchdog(server, reloadable=RELOADABLE_MODELS, optional=OPTIONAL_MODELS, **kwargs)  # type: ignore[arg-type]
+    are the deployment's (trtspec.contract.models)."""
+    return ModelWatchdog(server, reloadable=RELOADABLE_MODELS, optional=OPTIONAL_MODELS,
+                         **kwargs)  # type: ignore[arg-type]

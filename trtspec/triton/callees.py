@@ -3,7 +3,7 @@
 A BLS call in flight on a Python-backend model whose stub process dies never returns (this Python backend does not
 fail the requests a dead stub held; docs/benchmarks/faults.md). So a loop runs each call on a model that has stub
 processes in a helper thread and, while it waits, checks every ``poll_s`` that those processes still live: if one
-died, the call fails at once (EngineCallError, PROCESS_DIED) and its thread is left behind, so the request fails
+died, the call fails at once (ProcessDied) and its thread is left behind, so the request fails
 cleanly (or goes on without its drafter) and the watchdog can reload the model underneath. Models without stub
 processes (TensorRT-LLM's C++ backend) are called directly.
 """
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from trtspec.loop import PROCESS_DIED, EngineCallError
+from trtspec.contract.errors import ProcessDied
 from trtspec.processes import is_alive, stub_processes
 
 T = TypeVar("T")
@@ -80,7 +80,8 @@ class CalleeProcesses:
             except queue.Empty:
                 if not all(map(is_alive, pids)):
                     self._local.caller = None  # its thread waits for ever on the dead process
-                    raise EngineCallError(f"{model}: {PROCESS_DIED} during the call; it is being reloaded") from None
+                    raise ProcessDied(
+                        f"{model}: its model process died during the call; it is being reloaded") from None
         if ok:
             return value
         raise value

@@ -20,15 +20,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from trtspec import triton_io as io
-from trtspec.contract import REQUEST_FIELDS, RequestError
+from trtspec.contract import REQUEST_FIELDS, EngineCallError, RequestError
+from trtspec.contract.errors import engine_error
 from trtspec.load import InFlight, SharedEstimates
 from trtspec.logprobs import TopLogProbs
-from trtspec.loop import Step, EngineCallError, LoopRequest, LoopSettings, SpeculativeLoop
+from trtspec.loop import SETTINGS_PARAMETER, Step, LoopRequest, LoopSettings, SpeculativeLoop
 from trtspec.metrics import ControllerGauges, PrometheusExporter
 from trtspec.text import TextCodec
 from trtspec.triton.callees import CalleeProcesses
 
-SETTINGS_PARAMETER = "loop_settings"  # the one model parameter: LoopSettings as JSON
 # is_cancelled() is a round trip to the server: asked after a target call once this long
 # has passed since it was last asked, so a client that leaves stops the loop within this or one target call
 CANCEL_CHECK_S = 0.25
@@ -47,7 +47,7 @@ def engine_call(pb_utils: Any, callees: CalleeProcesses | None = None):
         )
         response = request.exec() if callees is None else callees.call(model_name, request.exec)
         if response.has_error():
-            raise EngineCallError(f"{model_name}: {response.error().message()}")
+            raise engine_error(model_name, response.error().message())
         out = {}
         for name in wanted:
             t = pb_utils.get_output_tensor_by_name(response, name)
@@ -147,7 +147,8 @@ class LoopModel:
         loop_fields = {f.name: fields[f.name] for f in REQUEST_FIELDS if f.loop_input is not None and f.name in fields}
         if io.tensor(self.pb, request, "text_input") is not None:
             words = {n: self.codec.encode_words(fields.get(n, []), n) for n in ("stop_words", "bad_words")}
-            bias = self.codec.embedding_bias(fields.get("embedding_bias_words", []), fields.get("embedding_bias_weights", []))
+            bias = self.codec.embedding_bias(fields.get("embedding_bias_words", []),
+                                             fields.get("embedding_bias_weights", []))
             prompt = self.codec.encode_prompt(fields.get("text_input"))
             end_id, pad_id = fields.get("end_id", self.codec.end_id), fields.get("pad_id", self.codec.pad_id)
             max_tokens, text = fields.get("max_tokens"), True
@@ -168,8 +169,8 @@ class LoopModel:
         return req, text
 
     def response_tensors(
-        self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step, log_probs: list[float] | None = None,
-        top: TopLogProbs | None = None,
+        self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step,
+        log_probs: list[float] | None = None, top: TopLogProbs | None = None,
     ) -> dict[str, np.ndarray]:
         """`log_probs`: of the generated tokens among `tokens` (TensorRT-LLM's output_log_probs: [beam, tokens]);
         `top`: the most likely tokens at their positions (trtspec.contract.RESPONSE_OUTPUTS: [tokens, N])."""
@@ -191,14 +192,11 @@ class LoopModel:
         return out
 
     def _response(
-        self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step, log_probs: list[float] | None = None,
-        top: TopLogProbs | None = None,
+        self, req: LoopRequest, text: bool, tokens: list[int], before: list[int], chunk: Step,
+        log_probs: list[float] | None = None, top: TopLogProbs | None = None,
     ) -> Any:
         tensors = self.response_tensors(req, text, tokens, before, chunk, log_probs, top)
         return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(k, v) for k, v in tensors.items()])
-
-    def _error(self, message: str) -> Any:
-        return self.pb.InferenceResponse(error=self.pb.TritonError(message))
 
     def serve(self, request: Any) -> None:
         final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -216,7 +214,8 @@ class LoopModel:
                     if chunk.final or cancelled:
                         break
                     if req.stream:
-                        sender.send(self._response(req, text, chunk.new_tokens, chunk.generated_before, chunk, chunk.log_probs, chunk.top))
+                        sender.send(self._response(req, text, chunk.new_tokens, chunk.generated_before, chunk,
+                                                   chunk.log_probs, chunk.top))
             if last is None:
                 raise EngineCallError("the loop produced no output")
             try:
@@ -231,18 +230,16 @@ class LoopModel:
                 sender.send(flags=final)
             elif req.stream:
                 self.metrics.record(last.stats, len(generated))
-                sender.send(self._response(req, text, last.new_tokens, last.generated_before, last, last.log_probs, last.top), flags=final)
+                sender.send(self._response(req, text, last.new_tokens, last.generated_before, last, last.log_probs,
+                                           last.top), flags=final)
             else:
                 self.metrics.record(last.stats, len(generated))
                 # TensorRT-LLM's exclude_input_in_output=false: a non-streamed output starts with the prompt
                 whole = req.prompt + generated if req.exclude_input_in_output is False else generated
-                sender.send(self._response(req, text, whole, [], last, log_probs, TopLogProbs.concat(tops)), flags=final)
-        except RequestError as e:
-            sender.send(self.pb.InferenceResponse(error=io.bad_request(self.pb, e)), flags=final)
+                sender.send(self._response(req, text, whole, [], last, log_probs, TopLogProbs.concat(tops)),
+                            flags=final)
+        except RequestError as e:  # the client's: the message names the field, not the model
+            sender.send(self.pb.InferenceResponse(error=io.error(self.pb, e)), flags=final)
         except Exception as e:  # engine failure: report it, keep serving
-            sender.send(self._error(f"{self.name}: {e}"), flags=final)
-
-
-def settings_parameter(settings: LoopSettings) -> dict[str, str]:
-    return {SETTINGS_PARAMETER: settings.model_dump_json()}
+            sender.send(self.pb.InferenceResponse(error=io.error(self.pb, e, self.name)), flags=final)
 

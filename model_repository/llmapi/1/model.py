@@ -29,7 +29,8 @@ class TritonPythonModel:
         self.guided_refused = io.model_parameters(args).get(serving.GUIDED_REFUSAL) or None
         # as NVIDIA's llmapi model and trtllm-serve do: the YAML goes through update_llm_args_with_extra_dict
         self.llm = LLM(**parse({}, doc))
-        self.metrics = PrometheusExporter(pb_utils, io.model_parameters(args).get("metrics_label") or args["model_name"])
+        label = io.model_parameters(args).get("metrics_label") or args["model_name"]
+        self.metrics = PrometheusExporter(pb_utils, label)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -72,7 +73,8 @@ class TritonPythonModel:
                     result.abort()
                     break
                 if parsed.streaming and output.token_ids_diff and not result.finished:
-                    sender.send(self._response(output.text_diff, output.token_ids_diff, serving.stats_of(output, self.max_draft_len)))
+                    stats = serving.stats_of(output, self.max_draft_len)
+                    sender.send(self._response(output.text_diff, output.token_ids_diff, stats))
             if output is None:
                 raise RuntimeError("the LLM produced no output")
             stats = serving.stats_of(output, self.max_draft_len)
@@ -84,7 +86,7 @@ class TritonPythonModel:
             else:
                 sender.send(self._response(output.text, output.token_ids, stats), flags=_FINAL)
         except serving.RequestError as e:
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=_FINAL)
+            sender.send(pb_utils.InferenceResponse(error=io.error(pb_utils, e)), flags=_FINAL)
         except Exception as e:  # the model stays up whatever one request does
             msg = f"llmapi ({self.implementation}): {type(e).__name__}: {e}"
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(msg)), flags=_FINAL)

@@ -27,7 +27,8 @@ def _pad(rows, fill):
 class TritonPythonModel:
     def initialize(self, args):
         p = io.model_parameters(args)
-        self.codec = TextCodec(p["tokenizer_dir"], add_special_tokens=p.get("add_special_tokens", "false").lower() == "true")
+        self.codec = TextCodec(p["tokenizer_dir"],
+                               add_special_tokens=p.get("add_special_tokens", "false").lower() == "true")
         self.refused = [t["name"] for t in json.loads(args["model_config"])["input"] if t["name"] not in SERVED]
 
     def _one(self, request):
@@ -38,7 +39,8 @@ class TritonPythonModel:
         n = query.shape[0]
         get = lambda name: _rows(io.tensor(pb_utils, request, name), n)  # noqa: E731
         text = lambda v: io.utf8(v, "QUERY") if isinstance(v, bytes) else str(v)  # noqa: E731
-        words = lambda row, name: [io.utf8(w, name) if isinstance(w, bytes) else str(w) for w in ([] if row is None else row.reshape(-1))]  # noqa: E731
+        words = lambda row, name: [io.utf8(w, name) if isinstance(w, bytes) else str(w)  # noqa: E731
+                                   for w in ([] if row is None else row.reshape(-1))]
         ids, stops, bads, biases = [], [], [], []
         for i, (q, stop, bad, bw, bwt) in enumerate(zip(query, get("STOP_WORDS_DICT"), get("BAD_WORDS_DICT"),
                                                          get("EMBEDDING_BIAS_WORDS"), get("EMBEDDING_BIAS_WEIGHTS"))):
@@ -54,7 +56,8 @@ class TritonPythonModel:
 
         def words_batch(rows):
             width = max(r.shape[-1] for r in rows)
-            return np.stack([np.pad(r, ((0, 0), (0, width - r.shape[-1])), constant_values=-1) for r in rows]).astype(np.int32)
+            padded = [np.pad(r, ((0, 0), (0, width - r.shape[-1])), constant_values=-1) for r in rows]
+            return np.stack(padded).astype(np.int32)
 
         width = max(len(b) for b in biases)
         bias = np.array([b + [0.0] * (width - len(b)) for b in biases], dtype=np.float32).reshape(n, width)
@@ -76,7 +79,7 @@ class TritonPythonModel:
             try:
                 responses.append(self._one(request))
             except io.RequestError as e:
-                responses.append(pb_utils.InferenceResponse(error=io.bad_request(pb_utils, e)))
+                responses.append(pb_utils.InferenceResponse(error=io.error(pb_utils, e)))
             except Exception as e:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"preprocessing: {e}")))
         return responses

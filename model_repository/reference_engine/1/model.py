@@ -74,8 +74,8 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 self._submit(request, sender, arrival)
-            except (RequestTensorError, QueueFull) as e:
-                _send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))))
+            except (RequestTensorError, QueueFull) as e:  # QueueFull: encoded as overloaded (trtspec.contract.errors)
+                _send(sender, pb_utils.InferenceResponse(error=io.error(pb_utils, e)))
             except Exception as e:  # the model must stay up whatever one request does
                 _send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}")))
         return None
@@ -91,7 +91,8 @@ class TritonPythonModel:
         def answer(future):  # on the scheduler thread, as soon as this request is done
             try:
                 tensors = result_tensors(future.result(), get, self.exclude_input_default, arrival, scheduled)
-                response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
+                response = pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
             except Exception as e:
                 response = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"reference engine: {e!r}"))
             _send(sender, response)
