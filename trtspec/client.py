@@ -10,7 +10,7 @@ import queue
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
@@ -151,7 +151,7 @@ class Client:
         client = grpcclient.InferenceServerClient(self.url)
         try:
             client.start_stream(callback=lambda result, error: results.put((result, error, time.perf_counter())))
-            client.async_stream_infer(self.model, grpc_inputs(fields), enable_empty_final_response=True)
+            client.async_stream_infer(self.model, inputs, enable_empty_final_response=True)
             while True:
                 try:
                     result, error, t = results.get(timeout=self.timeout)

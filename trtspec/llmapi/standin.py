@@ -25,7 +25,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from trtspec.config import SpeculativeConfig
 from trtspec.guided import GuidedSettings
 from trtspec.llmapi.fields import version_fields
 from trtspec.llmapi.parser import decoding_config_from_dict
-from trtspec.loop import Step, LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
+from trtspec.loop import LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
 from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors
 from trtspec.speculative import draft_len_at_load
 

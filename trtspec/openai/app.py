@@ -28,7 +28,8 @@ from trtspec.metrics import SpecStats
 from trtspec.openai.backend import TritonBackend, TritonStream, unavailable
 from trtspec.openai.protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, OpenAIError, GenerationRequest
 from trtspec.openai.stop import StopMatcher
-from trtspec.openai.structured import Plan, content_before_calls, parse_tool_calls
+from trtspec.openai.structured import Plan, content_before_calls
+from trtspec.openai.tool_calls import parse_tool_calls
 from trtspec.openai.tool_calls import ToolCallStream
 from trtspec.server.watchdog import Health
 

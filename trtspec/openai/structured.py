@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trtspec.openai.tool_calls import OPEN_TAG, parse_tool_calls  # noqa: F401  (the API's)
+from trtspec.openai.tool_calls import OPEN_TAG
 
 
 class JSONSchemaFormat(BaseModel):

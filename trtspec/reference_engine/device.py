@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import typing
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
