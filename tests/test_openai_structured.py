@@ -56,7 +56,8 @@ def name(api):
 
 
 def test_plans_and_tool_call_parsing() -> None:
-    from trtspec.openai.structured import NamedToolChoice, PlanError, Tool, parse_tool_calls, plan
+    from trtspec.openai.structured import NamedToolChoice, PlanError, Tool, plan
+    from trtspec.openai.tool_calls import parse_tool_calls
 
     tools = [Tool(**t) for t in TOOLS]
     p = plan(None, tools, "required", parallel_tool_calls=False)
@@ -82,8 +83,8 @@ def test_plans_and_tool_call_parsing() -> None:
 def test_tool_calls_stream_as_openai_streams_them() -> None:
     """Each call announced with its id and name once the name is complete, its arguments in pieces as they are
     written, adding up to the arguments of the same answer not streamed; text that is not a call is content."""
-    from trtspec.openai.structured import NamedToolChoice, Tool, parse_tool_calls, plan
-    from trtspec.openai.tool_calls import ToolCallStream
+    from trtspec.openai.structured import NamedToolChoice, Tool, plan
+    from trtspec.openai.tool_calls import ToolCallStream, parse_tool_calls
 
     tools = [Tool(**t) for t in TOOLS]
     required = '[{"name": "get_time", "parameters": {"city": "Oslo"}}, {"name": "get_weather", "parameters": {"city": "Rome", "unit": "C"}}]'
