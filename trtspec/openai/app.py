@@ -321,13 +321,12 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
             try:
                 await asyncio.wait((drained, left), return_when=asyncio.FIRST_COMPLETED)
                 if not drained.done():  # the client left: its choices are cancelled in Triton (below), no answer
-                    drained.cancel()
-                    await asyncio.gather(drained, return_exceptions=True)
                     return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
                 drained.result()
-            finally:  # a failed choice ends the others in Triton too
+            finally:  # a failed choice, or a client that left, ends the others in Triton too
                 left.cancel()
-                await asyncio.gather(left, *(d.aclose() for d in deltas), return_exceptions=True)
+                drained.cancel()
+                await asyncio.gather(left, drained, *(d.aclose() for d in deltas), return_exceptions=True)
             choices = [reply.choice(echo + o.text, o.ids, finish_reason(o, calls, structured), delta=False, index=i,
                                     tool_calls=calls, **per_choice(i))
                        for i, o in enumerate(outs)
