@@ -99,6 +99,32 @@ def loop_settings(*, draft_disabled: bool = False, max_input_len: int = 2048, **
     )
 
 
+
+def engine_call(engines):
+    """The loop's `call` straight to in-process ReferenceEngine objects, through the engine model's own tensor
+    request/response code (as the BLS calls it); a model not in `engines` is one that is not ready."""
+    from trtspec.loop import EngineCallError
+    from trtspec.reference_engine import request_from_tensors, result_tensors
+
+    def call(model, t, wanted):
+        if model not in engines:
+            raise EngineCallError(f"{model} is not ready")
+        return result_tensors(engines[model].run(request_from_tensors(t.get)), t.get)
+
+    return call
+
+
+def load_script(name: str):
+    """scripts/NAME.py imported as a module (the scripts are not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 ECHO_CONFIG = """
 backend: "python"
 max_batch_size: 0

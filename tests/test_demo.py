@@ -14,8 +14,9 @@ from trtspec.cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 # tokens per target call of each speculative cell of the quick demo's grounded bench (target-only: 1; fixed k = 1
-# at most 2); measured 2026-11-27 on AMD EPYC Zen 4, 2 cores shared: see docs/benchmarks/ci.md
-DEMO_GROUNDED_TOKENS_PER_CALL = 1.3
+# at most 2); measured 2026-11-27 on AMD EPYC Zen 4, 2 cores: the controller 2.4, fixed k = 1 1.71; a controller
+# that priced its verify rows at 10x drafted less and got 1.33, which 1.3 let pass: see docs/benchmarks/ci.md
+DEMO_GROUNDED_TOKENS_PER_CALL = 1.5
 
 
 def test_packaged_demo_config_is_the_checkouts():

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from conftest import load_script
 from trtspec.client import Client
 from trtspec.config import parse_config
 from trtspec.demo_pair import EAGLE3_ASSET_DIR, VOCAB_SIZE
@@ -83,22 +84,11 @@ def test_a_head_for_another_target_is_refused_by_field():
         eagle3.check_against_target(cfg, SimpleNamespace(num_hidden_layers=16, hidden_size=576, vocab_size=VOCAB_SIZE), "head")
 
 
-def _overlap_audit():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "scripts" / "eagle3_prompt_overlap.py"
-    spec = importlib.util.spec_from_file_location("eagle3_prompt_overlap", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_heldout_prompts_are_in_no_prompt_set_and_not_in_training():
     """The held-out evaluation set shares no text, topic or instruction form with the head's training prompts
     (rebuilt exactly: provenance.json's counts) and appears in no prompt set the bench, the demo or the tests send;
     provenance.json records the overlap of those sets with training as it is."""
-    audit_mod = _overlap_audit()
+    audit_mod = load_script("eagle3_prompt_overlap")
     train = audit_mod.training_prompts()
     prov = json.loads((EAGLE3_ASSET_DIR / "provenance.json").read_text())
     kinds = {k: sum(t["kind"] == k for t in train) for k in ("chat", "plain")}
@@ -212,17 +202,6 @@ def test_a_chunked_prefill_gives_the_head_every_rows_features(demo_pair):
     assert engine.eagle3.work.captured_rows == len(prompt)
 
 
-def _training_script():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "scripts" / "train_eagle3.py"
-    spec = importlib.util.spec_from_file_location("train_eagle3", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_engine_drafts_what_training_predicts(demo_pair):
     """Train/serve alignment: after each call the engine's draft (capture layers, feature t paired with token t+1,
     the first step after verification, d2t) is the training forward's argmax at that position, step by step
@@ -231,7 +210,7 @@ def test_engine_drafts_what_training_predicts(demo_pair):
 
     from trtspec.reference_engine import EngineRequest, ReferenceEngine
 
-    train = _training_script()
+    train = load_script("train_eagle3")
     engine = ReferenceEngine(demo_pair.target, device="cpu", eagle3_head=EAGLE3_ASSET_DIR)
     tok = AutoTokenizer.from_pretrained(demo_pair.target)
     prompt = tok(PROMPTS[2], add_special_tokens=False)["input_ids"]

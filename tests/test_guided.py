@@ -9,15 +9,15 @@ import json
 import numpy as np
 import pytest
 
-from conftest import loop_settings
+from conftest import engine_call, loop_settings
 
 from trtspec.contract import RequestError
 
 xgr = pytest.importorskip("xgrammar")
 
 from trtspec import guided  # noqa: E402
-from trtspec.loop import EngineCallError, LoopRequest, LoopSettings, SpeculativeLoop  # noqa: E402
-from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors  # noqa: E402
+from trtspec.loop import LoopRequest, LoopSettings, SpeculativeLoop  # noqa: E402
+from trtspec.reference_engine import ReferenceEngine, request_from_tensors  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"},
                                            "capital": {"type": "boolean"}},
@@ -51,15 +51,6 @@ def pair(demo_pair, tmp_path_factory):
     }
     yield tok, engines, str(info)
     torch.set_num_threads(threads)
-
-
-def _call(engines):
-    def call(model, t, wanted):
-        if model not in engines:
-            raise EngineCallError(f"{model} is not ready")
-        return result_tensors(engines[model].run(request_from_tensors(t.get)), t.get)
-
-    return call
 
 
 def _settings(info: str, vocab: int, **kw) -> LoopSettings:
@@ -141,8 +132,8 @@ def test_greedy_guided_speculation_equals_target_only(pair, guide_type, guide):
     """Draft model, prompt lookup and hybrid drafting under the guide: the same tokens as target-only, valid."""
     tok, engines, info = pair
     prompt = tok.encode(PROMPT)
-    base = SpeculativeLoop(_settings(info, 49152, draft_disabled=True), _call(engines))
-    spec = SpeculativeLoop(_settings(info, 49152), _call(engines))
+    base = SpeculativeLoop(_settings(info, 49152, draft_disabled=True), engine_call(engines))
+    spec = SpeculativeLoop(_settings(info, 49152), engine_call(engines))
     kw = dict(prompt=prompt, max_tokens=60, end_id=tok.eos_token_id, guided_decoding_guide_type=guide_type,
               guided_decoding_guide=guide)
     want, _ = _run(base, **kw)
@@ -159,7 +150,7 @@ def test_greedy_guided_speculation_equals_target_only(pair, guide_type, guide):
 def test_sampled_guided_output_follows_the_guide(pair):
     """With sampling (rejection sampling against the draft's masked distribution) every output is valid."""
     tok, engines, info = pair
-    spec = SpeculativeLoop(_settings(info, 49152), _call(engines))
+    spec = SpeculativeLoop(_settings(info, 49152), engine_call(engines))
     guide = json.dumps(SCHEMA)
     for seed in range(3):
         got, stats = _run(spec, prompt=tok.encode(PROMPT), max_tokens=80, end_id=tok.eos_token_id, temperature=0.8,
@@ -185,7 +176,7 @@ def test_proposals_are_cut_at_the_first_refused_token(pair):
 
 def test_bad_guides_are_request_errors(pair):
     tok, engines, info = pair
-    loop = SpeculativeLoop(_settings(info, 49152), _call(engines))
+    loop = SpeculativeLoop(_settings(info, 49152), engine_call(engines))
     for guide_type, guide, words in (
         ("json_schema", '{"type": "object", "properties": ', "json_schema guide does not compile"),
         ("json_schema", None, "needs guided_decoding_guide"),
@@ -194,7 +185,7 @@ def test_bad_guides_are_request_errors(pair):
     ):
         with pytest.raises(RequestError, match=words):
             _run(loop, prompt=[1, 2], max_tokens=4, guided_decoding_guide_type=guide_type, guided_decoding_guide=guide)
-    no_guided = SpeculativeLoop(loop_settings(max_draft_len=8), _call(engines))
+    no_guided = SpeculativeLoop(loop_settings(max_draft_len=8), engine_call(engines))
     with pytest.raises(RequestError, match="does not serve guided decoding"):
         _run(no_guided, prompt=[1, 2], max_tokens=4, guided_decoding_guide_type="json")
 
@@ -207,7 +198,7 @@ def test_on_tensorrt_llms_engine_a_guided_request_is_one_call_without_drafting(p
 
     def call(model, t, wanted):
         calls.append((model, dict(t)))
-        return _call(engines)(model, t, wanted)
+        return engine_call(engines)(model, t, wanted)
 
     settings = loop_settings(max_draft_len=8).model_copy(update={"guided": guided.GuidedSettings(
         tokenizer_info=info, vocab_size=49152, mode="one_call")})
@@ -231,8 +222,8 @@ def test_eagle3_proposals_under_a_guide_give_the_target_only_tokens(pair, demo_p
     target = ReferenceEngine(demo_pair.target, device="cpu", dtype="float32", eagle3_head=EAGLE3_ASSET_DIR,
                              xgrammar_tokenizer_info=info)
     settings = _settings(info, 49152, method="eagle3").model_copy(update={"draft_model": None})
-    loop = SpeculativeLoop(settings, _call({"tensorrt_llm": target}))
-    base = SpeculativeLoop(_settings(info, 49152, draft_disabled=True), _call(engines))
+    loop = SpeculativeLoop(settings, engine_call({"tensorrt_llm": target}))
+    base = SpeculativeLoop(_settings(info, 49152, draft_disabled=True), engine_call(engines))
     kw = dict(prompt=tok.encode(PROMPT), max_tokens=60, end_id=tok.eos_token_id, guided_decoding_guide_type="json_schema",
               guided_decoding_guide=json.dumps(SCHEMA))
     want, _ = _run(base, **kw)
@@ -256,8 +247,8 @@ def test_what_the_grammar_forces_is_drafted_and_always_accepted(pair):
     assert guided.GuidedRequest.start(req, _settings(info, 49152, draft_disabled=True)).cut(Proposal([])).tokens == []
     kw = dict(prompt=tok.encode(PROMPT), max_tokens=40, end_id=tok.eos_token_id, stream=True,
               guided_decoding_guide_type="regex", guided_decoding_guide=regex)
-    want, _ = _run(SpeculativeLoop(_settings(info, 49152, draft_disabled=True), _call(engines)), **kw)
-    got, stats = _run(SpeculativeLoop(_settings(info, 49152), _call({"tensorrt_llm": engines["tensorrt_llm"]})),
+    want, _ = _run(SpeculativeLoop(_settings(info, 49152, draft_disabled=True), engine_call(engines)), **kw)
+    got, stats = _run(SpeculativeLoop(_settings(info, 49152), engine_call({"tensorrt_llm": engines["tensorrt_llm"]})),
                       draft_source="ngram", **kw)
     assert got == want and stats.total_draft_tokens >= 4 and stats.total_accepted_draft_tokens >= 3
 

@@ -10,23 +10,12 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from conftest import loop_settings
+from conftest import engine_call, loop_settings
 
 from trtspec.drafters import SOURCES
-from trtspec.loop import EngineCallError, LoopRequest, LoopRequestError, SpeculativeLoop
-from trtspec.reference_engine import EngineRequest, ReferenceEngine, request_from_tensors, result_tensors
+from trtspec.loop import LoopRequest, LoopRequestError, SpeculativeLoop
+from trtspec.reference_engine import EngineRequest, ReferenceEngine, request_from_tensors
 from trtspec.speculative import SamplingParams, probabilities
-
-
-def _engine_call(engines):
-    """Tensor-level calls like the BLS makes, through the engine model's own request/response code."""
-
-    def call(model, t, wanted):
-        if model not in engines:
-            raise EngineCallError(f"{model} is not ready")
-        return result_tensors(engines[model].run(request_from_tensors(t.get)), t.get)
-
-    return call
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +42,8 @@ PROMPTS = [[0, 3, 4], [0, 5], [0, 2, 2, 7, 9], [0, 11, 10, 3], [0, 6, 8, 4, 4, 4
 
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_greedy_speculative_equals_target_only(engines, k):
-    spec = SpeculativeLoop(loop_settings(max_draft_len=8), _engine_call(engines))
-    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
+    spec = SpeculativeLoop(loop_settings(max_draft_len=8), engine_call(engines))
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), engine_call(engines))
     for prompt in PROMPTS:
         want, _ = _run(base, prompt=prompt, max_tokens=20)
         got, stats = _run(spec, prompt=prompt, max_tokens=20, num_draft_tokens=k)
@@ -67,9 +56,9 @@ def test_greedy_speculative_equals_target_only(engines, k):
 
 def test_log_probs_are_the_targets_with_and_without_speculation(engines):
     """return_log_probs: one log probability per emitted token, the target's own, whoever drafted it."""
-    spec = SpeculativeLoop(loop_settings(max_draft_len=8), _engine_call(engines))
-    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
-    same = SpeculativeLoop(loop_settings(max_draft_len=8), _engine_call(
+    spec = SpeculativeLoop(loop_settings(max_draft_len=8), engine_call(engines))
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), engine_call(engines))
+    same = SpeculativeLoop(loop_settings(max_draft_len=8), engine_call(
         {"tensorrt_llm": engines["tensorrt_llm"], "tensorrt_llm_draft": engines["tensorrt_llm"]}))
 
     def run(loop, **kw):
@@ -99,9 +88,9 @@ def test_log_probs_are_the_targets_with_and_without_speculation(engines):
 def test_top_log_probs_are_the_targets_at_each_position_with_and_without_speculation(engines):
     """top_log_probs: per emitted token the target's N most likely tokens at its position, from the verify call's
     generation logits (row i is the distribution new[i] came from), the same whoever drafted; only when asked."""
-    spec = SpeculativeLoop(loop_settings(max_draft_len=8), _engine_call(engines))
-    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
-    same = SpeculativeLoop(loop_settings(max_draft_len=8), _engine_call(
+    spec = SpeculativeLoop(loop_settings(max_draft_len=8), engine_call(engines))
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), engine_call(engines))
+    same = SpeculativeLoop(loop_settings(max_draft_len=8), engine_call(
         {"tensorrt_llm": engines["tensorrt_llm"], "tensorrt_llm_draft": engines["tensorrt_llm"]}))
     prompt, n = [0, 2, 2, 7, 9], 5
 
@@ -139,14 +128,14 @@ def test_top_log_probs_are_the_targets_at_each_position_with_and_without_specula
     assert np.allclose(hot[0].top.log_probs[0], np.sort(log_p)[::-1][:2], atol=1e-4)
     # not asked: none, and the target is never asked for its logits
     asked = []
-    plain = SpeculativeLoop(loop_settings(max_draft_len=8), lambda m, t, w: asked.append(w) or _engine_call(engines)(m, t, w))
+    plain = SpeculativeLoop(loop_settings(max_draft_len=8), lambda m, t, w: asked.append(w) or engine_call(engines)(m, t, w))
     assert all(c.top is None for c in plain.run(LoopRequest(prompt=prompt, max_tokens=4, num_draft_tokens=2)))
     assert asked and not any("generation_logits" in w for w in asked)
 
 
 def test_target_as_own_draft_accepts_everything(engines):
     same = {"tensorrt_llm": engines["tensorrt_llm"], "tensorrt_llm_draft": engines["tensorrt_llm"]}
-    loop = SpeculativeLoop(loop_settings(), _engine_call(same))
+    loop = SpeculativeLoop(loop_settings(), engine_call(same))
     tokens, stats = _run(loop, prompt=[0, 3, 4], max_tokens=21, num_draft_tokens=4)
     assert stats.acceptance_rate == 1.0
     assert stats.num_iterations == 5  # 4 accepted + 1 bonus per target call: 21 tokens in 5 calls
@@ -154,20 +143,20 @@ def test_target_as_own_draft_accepts_everything(engines):
 
 
 def test_end_id_stops_and_is_not_output(engines):
-    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), engine_call(engines))
     full, _ = _run(base, prompt=[0, 3, 4], max_tokens=20)
     end = full[5]
     cut, _ = _run(base, prompt=[0, 3, 4], max_tokens=20, end_id=end)
     assert cut == full[: full.index(end)]
-    spec = SpeculativeLoop(loop_settings(), _engine_call(engines))
+    spec = SpeculativeLoop(loop_settings(), engine_call(engines))
     assert _run(spec, prompt=[0, 3, 4], max_tokens=20, end_id=end, num_draft_tokens=3)[0] == cut
 
 
 def test_stop_words_stop_generation(engines):
-    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), engine_call(engines))
     full, _ = _run(base, prompt=[0, 5], max_tokens=20)
     stop = full[6:8]
-    spec = SpeculativeLoop(loop_settings(), _engine_call(engines))
+    spec = SpeculativeLoop(loop_settings(), engine_call(engines))
     got, _ = _run(spec, prompt=[0, 5], max_tokens=20, stop_words=[stop], num_draft_tokens=4)
     first = next(i for i in range(len(full) - 1) if full[i : i + 2] == stop)
     assert got == full[: first + 2]
@@ -175,8 +164,8 @@ def test_stop_words_stop_generation(engines):
 
 def test_draft_failure_falls_back_to_target_only(engines):
     only_target = {"tensorrt_llm": engines["tensorrt_llm"]}
-    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
-    spec = SpeculativeLoop(loop_settings(), _engine_call(only_target))
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), engine_call(engines))
+    spec = SpeculativeLoop(loop_settings(), engine_call(only_target))
     want, _ = _run(base, prompt=[0, 2, 2], max_tokens=12)
     got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=12, num_draft_tokens=3)
     assert got == want and stats.draft_fallbacks == 1 and stats.total_draft_tokens == 0
@@ -186,8 +175,8 @@ def test_drafting_steps_aside_above_max_concurrency(engines):
     """Above speculative.max_concurrency requests in flight the loop runs target-only steps, counts them, and
     drafts again as soon as the load falls back to the limit; the output stays the target's."""
     load = {"now": 5}
-    spec = SpeculativeLoop(loop_settings(max_concurrency=4), _engine_call(engines), lambda: load["now"])
-    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
+    spec = SpeculativeLoop(loop_settings(max_concurrency=4), engine_call(engines), lambda: load["now"])
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), engine_call(engines))
     want, _ = _run(base, prompt=[0, 2, 2], max_tokens=12)
     # streamed: one target call per token
     got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=12, num_draft_tokens=3, stream=True)
@@ -212,7 +201,7 @@ def test_a_plain_request_not_streamed_asks_for_runs_of_tokens(engines):
 
     def recording(model, t, wanted):
         sent.append((model, int(t["request_output_len"].reshape(-1)[0]), t["input_ids"].reshape(-1).tolist()))
-        return _engine_call(engines)(model, t, wanted)
+        return engine_call(engines)(model, t, wanted)
 
     base = SpeculativeLoop(loop_settings(draft_disabled=True), recording)
     spec = SpeculativeLoop(loop_settings(), recording)
@@ -235,8 +224,8 @@ def test_draft_len_schedule_caps_k_by_the_requests_in_flight(engines):
     """speculative.draft_len_schedule caps each iteration's draft at the entry for the load at that moment (an
     entry of 0 is a load pause, counted); the output stays the target's."""
     load = {"now": 5}
-    spec = SpeculativeLoop(loop_settings(draft_len_schedule={4: 2, 8: 0}), _engine_call(engines), lambda: load["now"])
-    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
+    spec = SpeculativeLoop(loop_settings(draft_len_schedule={4: 2, 8: 0}), engine_call(engines), lambda: load["now"])
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), engine_call(engines))
     want, _ = _run(base, prompt=[0, 2, 2], max_tokens=16)
     got, stats = _run(spec, prompt=[0, 2, 2], max_tokens=16, num_draft_tokens=4)
     assert got == want and stats.total_draft_tokens > 0 and stats.load_paused_iterations == 0
@@ -253,7 +242,7 @@ def test_ngram_drafts_go_on_above_max_concurrency_when_asked(engines):
     """ngram_above_max_concurrency: above the limit the draft model is never called, prompt lookup still
     drafts, and the iterations where it found nothing count as paused for load; below it both draft."""
     calls = []
-    call = _engine_call(engines)
+    call = engine_call(engines)
     load = {"now": 5}
     settings = loop_settings(max_concurrency=4, ngram_above_max_concurrency=True, draft_source="hybrid")
     spec = SpeculativeLoop(settings, lambda model, t, wanted: calls.append(model) or call(model, t, wanted),
@@ -322,7 +311,7 @@ def test_counters_of_servers_that_are_gone_are_removed(tmp_path):
     ],
 )
 def test_bad_requests_are_rejected_with_a_reason(engines, kw, msg):
-    loop = SpeculativeLoop(loop_settings(max_draft_len=8, max_input_len=64), _engine_call(engines))
+    loop = SpeculativeLoop(loop_settings(max_draft_len=8, max_input_len=64), engine_call(engines))
     with pytest.raises(LoopRequestError, match=msg):
         list(loop.run(LoopRequest(**kw)))
 
@@ -387,8 +376,8 @@ def test_draft_vocabulary_bounds_proposals_and_output_stays_exact(engines, vocab
     # the same checkpoint without use_draft_vocab ignores the file
     plain = ReferenceEngine(vocab_draft, device="cpu").run(EngineRequest([0, 4, 6], output_len=1, return_generation_logits=True))
     assert np.isfinite(plain.generation_logits).all()
-    spec = SpeculativeLoop(loop_settings(), _engine_call(vocab_engines))
-    base = SpeculativeLoop(loop_settings(draft_disabled=True), _engine_call(engines))
+    spec = SpeculativeLoop(loop_settings(), engine_call(vocab_engines))
+    base = SpeculativeLoop(loop_settings(draft_disabled=True), engine_call(engines))
     for prompt in PROMPTS:
         assert _run(spec, prompt=prompt, max_tokens=16, num_draft_tokens=3)[0] == _run(base, prompt=prompt, max_tokens=16)[0]
 
@@ -417,7 +406,7 @@ def test_sampling_preserves_target_distribution(engines, vocab_engines, use_draf
     prompt = [0, 3, 4]
     expected = _exact_two_token_distribution(engines["tensorrt_llm"], prompt, params)
     V = engines["tensorrt_llm"].vocab_size
-    loop = SpeculativeLoop(loop_settings(), _engine_call(engines))
+    loop = SpeculativeLoop(loop_settings(), engine_call(engines))
     n = 1000
     counts = Counter()
     accepted = 0

@@ -426,6 +426,48 @@ def test_a_dropped_stream_stops_its_request_in_triton(client, triton, name) -> N
     assert emitted - emitted_before < 40  # the prompt counts on for 100+ tokens: cancelled, not finished
 
 
+
+def _target_calls(triton) -> int:
+    """Requests the target engine has answered (each target call of a loop is one)."""
+    url = f"http://{triton.endpoints.http_address}/v2/models/tensorrt_llm/stats"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return sum(int(m["inference_stats"]["success"]["count"]) for m in json.load(r)["model_stats"])
+
+
+@pytest.mark.slow
+def test_a_client_that_leaves_before_its_answer_that_is_not_streamed_stops_it_in_triton(api, triton, name) -> None:
+    """A response that is not streamed is written only at its end, so nothing fails when its client leaves: the API
+    asks, and cancels the request in Triton; the loop stops within one target call of seeing it, within seconds."""
+    import http.client
+    import socket
+    from urllib.parse import urlsplit
+
+    requests_before, _, _, cancelled_before, after_cancel_before = _counters(triton)
+    calls = _target_calls(triton)
+    url = urlsplit(api.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    body = {"model": name, "prompt": COUNTING, "max_tokens": 200, "temperature": 0}
+    conn.request("POST", f"{url.path}/completions", json.dumps(body), {"Content-Type": "application/json"})
+    deadline = time.monotonic() + 60
+    while _target_calls(triton) < calls + 2:  # it is generating in Triton
+        assert time.monotonic() < deadline, "the request made no target calls"
+        time.sleep(0.05)
+    conn.sock.shutdown(socket.SHUT_RDWR)  # the client goes away before its answer
+    conn.close()
+    left = time.monotonic()
+    while _counters(triton)[0] == requests_before:  # the loop counts the request when it ends, cancelled or not
+        assert time.monotonic() - left < 60, "the request still runs in Triton after its client left"
+        time.sleep(0.05)
+    ended_after = time.monotonic() - left
+    while (counts := _counters(triton))[3] == cancelled_before:  # its cancel is counted just after it
+        assert time.monotonic() - left < ended_after + 1, f"it ran to its end ({ended_after:.1f} s): not cancelled"
+        time.sleep(0.05)
+    requests, _, pending, cancelled, after_cancel = counts
+    assert requests == requests_before + 1 and cancelled == cancelled_before + 1 and pending == 0
+    assert after_cancel - after_cancel_before <= DEMO_PAIR_DEPLOYMENT["speculative"]["num_draft_tokens"] + 1
+    assert ended_after < 5.0, f"stopped {ended_after:.2f} s after the client left"  # test_reliability's bound
+
+
 @pytest.mark.slow
 def test_bench_through_the_openai_api(api, triton) -> None:
     from trtspec.bench import BenchSettings, run_bench

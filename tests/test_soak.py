@@ -151,6 +151,30 @@ def test_soak_cli_errors_are_named():
     assert r.exit_code != 0 and "--fault-every needs the deployment the bench starts itself" in r.output
 
 
+
+GB = 1_000_000_000
+
+
+@pytest.mark.parametrize("rss_totals,exit_code", [((3 * GB, 4.5 * GB, 3.6 * GB), 1), ((3 * GB, 3.9 * GB, 3.15 * GB), 0)],
+                         ids=["rss-grew-20pct", "rss-back-within-5pct"])
+def test_soak_exits_1_when_a_check_fails(tmp_path, monkeypatch, rss_totals, exit_code):
+    """`trtspec bench --soak` is a pass/fail test: a failed check (here the memory one alone) exits 1, naming it
+    with its figures, after soak.json is written; all checks passing exits 0."""
+    import trtspec.bench.soak
+    from trtspec.cli import cli
+
+    run = make_run(rss_totals=rss_totals)
+    run.records = [r for r in run.records if r.record.index != 5]  # the bad request not refused by name
+    monkeypatch.setattr(trtspec.bench.soak, "run_soak", lambda *a, **kw: run)  # the load itself: the slow test's
+    r = CliRunner().invoke(cli, ["bench", "--soak", "1", "--url", "127.0.0.1:9", "-o", str(tmp_path)])
+    checks = json.loads((tmp_path / "soak.json").read_text())["checks"]
+    assert [name for name, ok in checks.items() if ok is False] == (["rss_end_within_10pct_of_start"] if exit_code else [])
+    assert r.exit_code == exit_code, r.output
+    if exit_code:
+        assert ("the soak failed 1 check: rss end within 10pct of start (RSS +20.0%: 3,000 MB after warm-up, 3,600 MB "
+                "after the settle)") in r.output
+
+
 @pytest.mark.slow
 def test_short_soak_against_real_triton(tmp_path):
     """A short soak on the demo deployment: every request accounted for, bad ones refused by name, disconnects

@@ -591,6 +591,21 @@ def table(summary: dict[str, Any]) -> Any:
     return t
 
 
+def failed_checks(summary: dict[str, Any]) -> list[str]:
+    """The checks that failed, each with its figure where one says why ("n/a" checks are not failures)."""
+    out = []
+    for name, ok in summary["checks"].items():
+        if ok is not False:
+            continue
+        text = name.replace("_", " ")
+        if name == "rss_end_within_10pct_of_start":
+            rss = summary["rss"]
+            text += (f" (RSS {rss['end_vs_start']:+.1%}: {_mb(rss['start_bytes'])} after warm-up, "
+                     f"{_mb(rss['end_bytes'])} after the settle)")
+        out.append(text)
+    return out
+
+
 def check_lines(summary: dict[str, Any]) -> list[str]:
     out = []
     for name, ok in summary["checks"].items():

@@ -76,7 +76,8 @@ left / refused requests, the server's count of cancelled requests and of
 tokens generated after a cancellation, E2E p50/p95, the RSS of the
 server's processes after warm-up, at the peak, at the end of the load and
 after --soak-settle seconds, whether the server is still ready, and its
-log's error lines; soak.json in --output. With --config the bench's own
+log's error lines; soak.json in --output. Any check that fails makes the
+command exit with 1 after writing soak.json. With --config the bench's own
 server is measured; with --url give its processes with --profile-pid.
   trtspec bench --config build_configs/demo.yaml --soak 10
 """
@@ -293,7 +294,7 @@ def soak_and_report(settings: Any, soak: Any, prompts: Sequence[Any], output: Pa
     """Run the soak (against `server` when the bench started it), print the table and the checks, write soak.json."""
     import json
 
-    from trtspec.bench.soak import check_lines, run_soak, summarize, table
+    from trtspec.bench.soak import check_lines, failed_checks, run_soak, summarize, table
 
     if server is not None:
         from trtspec.bench.local import server_pids
@@ -324,6 +325,10 @@ def soak_and_report(settings: Any, soak: Any, prompts: Sequence[Any], output: Pa
     for line in check_lines(summary):
         console.print(line, soft_wrap=True)
     console.print(f"[bold]Results[/]  {escape(str(output / 'soak.json'))}", soft_wrap=True)
+    failed = failed_checks(summary)
+    if failed:  # a soak is a pass/fail test: a script or CI job running it must see the failure
+        raise UserError(f"the soak failed {len(failed)} check{'s' if len(failed) > 1 else ''}: "
+                        + escape("; ".join(failed)))
     return summary
 
 

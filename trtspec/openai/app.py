@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -35,6 +35,15 @@ from trtspec.server.watchdog import Health
 
 #: how long a request that arrives while the deployment restarts waits for it before it gets a 503
 RECOVERY_WAIT_S = 10.0
+#: how often a request that is not streamed asks whether its client is still there (the loop in Triton asks as often)
+DISCONNECT_CHECK_S = 0.25
+
+
+async def _client_left(request: Request) -> None:
+    """Returns once the client of `request` has gone away. A streamed response learns it from its failed writes; one
+    that is not streamed writes only at its end, so it asks."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_CHECK_S)
 
 
 def _error_response(e: OpenAIError) -> JSONResponse:
@@ -224,17 +233,18 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
         return JSONResponse(state.as_dict(), status_code=200 if state.ready else 503)
 
     @app.post("/v1/completions", response_model=None, responses=ERROR_RESPONSES)
-    async def completions(req: CompletionRequest) -> Any:
-        return await _generate(req, str(req.prompt), "prompt", chat=False, echo=str(req.prompt) if req.echo else "")
+    async def completions(req: CompletionRequest, request: Request) -> Any:
+        return await _generate(req, request, str(req.prompt), "prompt", chat=False,
+                               echo=str(req.prompt) if req.echo else "")
 
     @app.post("/v1/chat/completions", response_model=None, responses=ERROR_RESPONSES)
-    async def chat_completions(req: ChatCompletionRequest) -> Any:
+    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Any:
         structured = req.structured()
         prompt = backend.render_chat(req.template_messages(), structured.tools)
-        return await _generate(req, prompt, "messages", chat=True, structured=structured)
+        return await _generate(req, request, prompt, "messages", chat=True, structured=structured)
 
-    async def _generate(req: GenerationRequest, prompt: str, prompt_param: str, chat: bool, echo: str = "",
-                        structured: Plan | None = None) -> Any:
+    async def _generate(req: GenerationRequest, request: Request, prompt: str, prompt_param: str, chat: bool,
+                        echo: str = "", structured: Plan | None = None) -> Any:
         structured = structured or Plan()
         triton_model = deployment.models.get(req.model)
         if triton_model is None:
@@ -311,10 +321,17 @@ def create_app(backend: TritonBackend, health: Callable[[], Health] | None = Non
                 async for _ in d:
                     pass
 
+            drained = asyncio.gather(*(drain(d) for d in deltas))
+            left = asyncio.create_task(_client_left(request))
             try:
-                await asyncio.gather(*(drain(d) for d in deltas))
-            finally:  # a failed choice ends the others in Triton too
-                await asyncio.gather(*(d.aclose() for d in deltas), return_exceptions=True)
+                await asyncio.wait((drained, left), return_when=asyncio.FIRST_COMPLETED)
+                if not drained.done():  # the client left: its choices are cancelled in Triton (below), no answer
+                    return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+                drained.result()
+            finally:  # a failed choice, or a client that left, ends the others in Triton too
+                left.cancel()
+                drained.cancel()
+                await asyncio.gather(left, drained, *(d.aclose() for d in deltas), return_exceptions=True)
             choices = [reply.choice(content_before_calls(o.text) if calls else echo + o.text, o.ids,
                                     finish_reason(o, calls, structured), delta=False, index=i, tool_calls=calls,
                                     **per_choice(i))

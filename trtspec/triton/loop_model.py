@@ -204,13 +204,15 @@ class LoopModel:
         try:
             req, text = self.parse(request)
             last, cancelled, log_probs, tops, asked = None, False, [], [], time.monotonic()
+            seen_at = 0  # tokens generated before the call in which the cancel was seen
             with self.in_flight.request():
                 for chunk in self.loop.run(req):
                     last = chunk
                     log_probs += chunk.log_probs or []
                     tops += [chunk.top] if chunk.top is not None else []
-                    if not chunk.final and time.monotonic() - asked >= CANCEL_CHECK_S:
+                    if not chunk.final and not cancelled and time.monotonic() - asked >= CANCEL_CHECK_S:
                         cancelled, asked = sender.is_cancelled(), time.monotonic()
+                        seen_at = len(chunk.generated_before)
                     if chunk.final or cancelled:
                         break
                     if req.stream:
@@ -225,8 +227,9 @@ class LoopModel:
             generated = last.generated_before + last.new_tokens
             # counters first: a client that scrapes /metrics after its final response sees them
             if cancelled:
-                self.metrics.record(last.stats, len(last.generated_before) if req.stream else 0)
-                self.metrics.record_cancelled(len(last.new_tokens))
+                self.metrics.record(last.stats, seen_at if req.stream else 0)  # what the client got
+                # every token from the call that saw the cancel to the loop's end: one call's, unless the loop ran on
+                self.metrics.record_cancelled(len(last.generated_before) + len(last.new_tokens) - seen_at)
                 sender.send(flags=final)
             elif req.stream:
                 self.metrics.record(last.stats, len(generated))
