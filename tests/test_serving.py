@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from trtspec.client import Client, ClientError
-from trtspec.triton_io import BAD_REQUEST
+from trtspec.contract.errors import ErrorKind, decode
 
 pytestmark = pytest.mark.slow
 
@@ -302,8 +302,8 @@ def test_bad_request_gets_error_and_server_stays_up(server, body, code, expect):
     assert expect in message
     # The status is Triton's: its HTTP frontend answers 400 for any error a model sends (a break that sent these as
     # INTERNAL still got 400), and 500 for JSON it cannot parse. What tells a client's mistake from a failure is
-    # the loop's prefix, which the OpenAI API answers with 400 (anything else: 500).
-    assert (BAD_REQUEST in message) == (code == 400), message
+    # the loop's tag, which the OpenAI API answers with 400 (anything else: 500).
+    assert (decode(message)[0] is ErrorKind.BAD_REQUEST) == (code == 400), message
     assert _ready(server)
     assert len(_client(server).generate("Hello", 4).token_ids) == 4
 
