@@ -205,7 +205,6 @@ def test_tree_verify_is_greedy_identical_and_keeps_only_the_accepted_path(engine
             seq = r.tokens
             cache, n = engine.cache.take(seq)
             assert n == len(seq) - 1 and cache.get_seq_length() == len(seq) - 1
-            ref, _ = plain.cache.take([])  # nothing: a fresh forward below
             from trtspec.ragged import Segment
             from trtspec.reference_engine.kv_cache import new_cache
 
@@ -232,3 +231,53 @@ def test_sampling_walk_and_stops(engines, demo_pair):
     assert r.new_tokens == want[: want.index(end)]
     for n in (1, 2, 3, 7):
         assert engine.run(EngineRequest(prompt, n)).new_tokens == want[:n]
+
+
+# ------------------------------------------------------------------------------------------ real Triton
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, demo_pair):
+    from trtspec.repository import generate_repository
+    from trtspec.server import ServerOptions, create_server
+
+    heads = write_heads(tmp_path_factory.mktemp("heads") / "same", scale=0.0)
+    cfg = parse_config(
+        {
+            "name": "test-medusa", "engine": "reference", "device": "cpu",
+            "target": {"checkpoint": "demo:target", "dtype": "float32"},
+            "draft": {"checkpoint": str(heads), "dtype": "float32"},
+            "speculative": {"method": "medusa", "max_draft_len": 8, "medusa_choices": [[0], [0, 0], [1], [0, 0, 0]]},
+            "limits": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 320},
+            "triton": {"speculative_instance_count": 2},
+        }
+    )
+    repo = generate_repository(cfg, tmp_path_factory.mktemp("repo") / "model_repository")
+    assert not (repo / "tensorrt_llm_draft").exists()  # the heads speculate inside the target engine
+    with create_server(ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto")) as s:
+        s.wait_ready(300)
+        yield s
+
+
+@pytest.mark.slow
+def test_served_greedy_identical_to_target_only_alone_and_concurrent(server, engines, demo_pair):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transformers import AutoTokenizer
+
+    from trtspec.client import Client
+    from trtspec.reference_engine import EngineRequest
+
+    plain, _ = engines
+    tok = AutoTokenizer.from_pretrained(demo_pair.target)
+    want = [plain.run(EngineRequest(tok(p, add_special_tokens=False)["input_ids"], 24)).new_tokens for p in PROMPTS]
+    client = Client(server.endpoints.http_address, "http", "ensemble")
+    alone = [client.generate(p, 24) for p in PROMPTS]
+    streamed = [client.generate(p, 24, stream=True) for p in PROMPTS]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda p: client.generate(p, 24), PROMPTS * 2))
+    for gens in (alone, streamed, together[:2], together[2:]):
+        assert [g.token_ids for g in gens] == want
+    # the statistics are the engine's own: its tree steps and the nodes they kept
+    s = alone[0].stats
+    assert s.total_draft_tokens > 0 and 0 < s.total_accepted_draft_tokens <= s.total_draft_tokens

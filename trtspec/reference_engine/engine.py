@@ -22,7 +22,7 @@ from trtspec.reference_engine.draft_vocab import draft_head, load_draft_vocab
 from trtspec.reference_engine.eagle3 import InEngineDrafter
 from trtspec.reference_engine.kv_cache import new_cache
 from trtspec import medusa as medusa_lib
-from trtspec.reference_engine.medusa import MedusaHeads, keep_rows
+from trtspec.reference_engine.medusa import MedusaHeads, TreeWork, keep_rows
 from trtspec.reference_engine.compiled_linear import CompiledLinear
 from trtspec.reference_engine.packed_linear import PackedLinear
 from trtspec.reference_engine.prefix_cache import PrefixCache, cache_nbytes
@@ -123,6 +123,7 @@ class ReferenceEngine:
         # Medusa heads on the target's last hidden state: every generation step verifies their tree (engine_flow's
         # in-engine speculation; trtspec.reference_engine.medusa)
         self.medusa = self.medusa_tree = None
+        self.medusa_work = TreeWork()
         if medusa_heads:
             self.medusa = MedusaHeads(medusa_heads, self.model)
             choices = medusa_choices or medusa_lib.default_choices(self.medusa.info.num_heads)
@@ -382,6 +383,7 @@ class ReferenceEngine:
                     ended = True
                     break
             if nodes:
+                self.medusa_work.record(len(path))
                 result.num_draft_tokens += max(tree.depth)
                 result.num_accepted += min(len(path), len(emitted))
             # the cache keeps the committed sequence but its last token: the accepted nodes emitted before it

@@ -78,3 +78,29 @@ def materialize(heads: str | Path, target: str | Path, out: str | Path, dtype: s
     cfg.pop("lm_head", None)
     (out / CONFIG_FILE).write_text(json.dumps(cfg, indent=1) + "\n")
     return out
+
+
+class TreeWork:
+    """The engine's tree steps: how many, and how long the accepted path was (acceptance per depth: the share of
+    steps whose path reached it)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.paths: list[int] = []  # entry d: steps whose accepted path was d long
+
+    def record(self, length: int) -> None:
+        self.steps += 1
+        self.paths += [0] * (length + 1 - len(self.paths))
+        self.paths[length] += 1
+
+    def reached(self) -> list[float]:
+        """Per depth d = 1, 2, ...: the share of steps whose accepted path reached d (head d-1's acceptance)."""
+        return [sum(self.paths[d:]) / self.steps if self.steps else 0.0 for d in range(1, len(self.paths))]
+
+
+if __name__ == "__main__":  # python -m trtspec.reference_engine.medusa materialize HEADS TARGET OUT
+    import sys
+
+    if len(sys.argv) != 5 or sys.argv[1] != "materialize":
+        sys.exit("usage: python -m trtspec.reference_engine.medusa materialize HEADS TARGET OUT")
+    print(materialize(*sys.argv[2:]))
