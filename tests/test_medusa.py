@@ -168,19 +168,19 @@ def _params(pbtxt: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def engines(demo_pair, tmp_path_factory):
-    """The demo target alone and with a head set whose blocks are the identity (each head proposes the target's own
-    next token again: accepted wherever the text repeats a token) plus a random one (mostly rejected)."""
+    """The demo target alone, with the shipped demo heads (mostly accepted on chat) and with a random head set
+    (mostly rejected: the walk goes down rejected branches)."""
+    from trtspec.demo_pair import MEDUSA_ASSET_DIR
     from trtspec.reference_engine import ReferenceEngine
 
-    root = tmp_path_factory.mktemp("medusa")
-    same = write_heads(root / "same", scale=0.0)
-    noisy = write_heads(root / "noisy", scale=0.05, seed=1)
+    noisy = write_heads(tmp_path_factory.mktemp("medusa") / "noisy", scale=0.05, seed=1)
     plain = ReferenceEngine(demo_pair.target, device="cpu", dtype="float32", cache_entries=4)
     return plain, {n: ReferenceEngine(demo_pair.target, device="cpu", dtype="float32", cache_entries=4,
-                                      medusa_heads=h) for n, h in (("same", same), ("noisy", noisy))}
+                                      medusa_heads=h) for n, h in (("demo", MEDUSA_ASSET_DIR), ("noisy", noisy))}
 
 
-PROMPTS = ["Count: 1 1 1 1 1 1 1 1 1 1 1 1", "<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant\n"]
+CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+PROMPTS = [CHAT.format("What is the capital of France?"), CHAT.format("Write a haiku about the sea.")]
 
 
 def test_tree_verify_is_greedy_identical_and_keeps_only_the_accepted_path(engines, demo_pair):
@@ -211,8 +211,8 @@ def test_tree_verify_is_greedy_identical_and_keeps_only_the_accepted_path(engine
             fresh = Segment(new_cache(plain.model.config), seq[:-1], 0, 1)
             plain.forward([fresh])
             for a, b in zip(cache.layers, fresh.cache.layers):
-                assert torch.allclose(a.keys, b.keys, atol=1e-4) and torch.allclose(a.values, b.values, atol=1e-4)
-    assert accepted > 0  # the identity heads' proposals are taken on the repeated tokens
+                assert torch.allclose(a.keys, b.keys, atol=1e-3) and torch.allclose(a.values, b.values, atol=1e-3)
+    assert accepted > 0  # the demo heads' proposals are taken
 
 
 def test_sampling_walk_and_stops(engines, demo_pair):
@@ -220,7 +220,7 @@ def test_sampling_walk_and_stops(engines, demo_pair):
     from trtspec.speculative import SamplingParams
 
     plain, with_heads = engines
-    engine = with_heads["same"]
+    engine = with_heads["demo"]
     prompt = list(range(100, 120))
     r = engine.run(EngineRequest(prompt, 12, sampling=SamplingParams(temperature=0.8, top_k=20), seed=3))
     assert len(r.new_tokens) <= 12
@@ -241,12 +241,11 @@ def server(tmp_path_factory, demo_pair):
     from trtspec.repository import generate_repository
     from trtspec.server import ServerOptions, create_server
 
-    heads = write_heads(tmp_path_factory.mktemp("heads") / "same", scale=0.0)
     cfg = parse_config(
         {
             "name": "test-medusa", "engine": "reference", "device": "cpu",
             "target": {"checkpoint": "demo:target", "dtype": "float32"},
-            "draft": {"checkpoint": str(heads), "dtype": "float32"},
+            "draft": {"checkpoint": "demo:medusa", "dtype": "float32"},
             "speculative": {"method": "medusa", "max_draft_len": 8, "medusa_choices": [[0], [0, 0], [1], [0, 0, 0]]},
             "limits": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 320},
             "triton": {"speculative_instance_count": 2},

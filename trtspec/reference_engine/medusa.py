@@ -56,7 +56,7 @@ def keep_rows(cache: Any, first: int, rows: list[int]) -> None:
             layer.keys[..., first:n, :] = layer.keys[..., idx.to(layer.keys.device), :]
             layer.values[..., first:n, :] = layer.values[..., idx.to(layer.values.device), :]
     if cache.get_seq_length() > n:
-        cache.crop(n)
+        cache.crop(n - cache.get_seq_length())  # negative: drop that many (transformers 4.x and 5.x)
 
 
 def materialize(heads: str | Path, target: str | Path, out: str | Path, dtype: str = "float16") -> Path:
