@@ -127,7 +127,8 @@ def validate(req: LoopRequest, settings: LoopSettings) -> None:
             "(the target engine was built for at most max_draft_len draft tokens)"
         )
     source = req.draft_source or settings.speculative.draft_source
-    if not settings.draft_disabled and settings.draft_model is None and not drafts_in_target(settings) and any(
+    if not settings.draft_disabled and settings.draft_model is None and not drafts_in_target(settings) and \
+            not in_engine(settings.speculative.method) and any(
         SOURCES[s].needs_draft_model for s in SELECTIONS[source]
     ):
         raise RequestError(
