@@ -74,11 +74,17 @@ def stage_gen(args, model, tok) -> list[dict]:
     seqs = []
     gen = torch.Generator()
     for i in range(0, len(todo), args.gen_batch):
+        shard = args.work / f"shard_{i}_{args.gen_batch}_{args.max_new}.pt"  # a resumed run keeps finished batches
+        if shard.exists():
+            seqs += torch.load(shard)
+            continue
         chunk = todo[i : i + args.gen_batch]
         gen.manual_seed(1000 + i)
-        for s in mod.generate_batch(model, cap, [j["prompt"] for j in chunk], max_new=args.max_new,
-                                    temps=[j["temp"] for j in chunk], top_p=0.95, eos=eos, gen=gen):
-            seqs.append({"ids": s["ids"], "plen": s["plen"], "last": s["last"]})
+        got = [{"ids": s["ids"], "plen": s["plen"], "last": s["last"]}
+               for s in mod.generate_batch(model, cap, [j["prompt"] for j in chunk], max_new=args.max_new,
+                                           temps=[j["temp"] for j in chunk], top_p=0.95, eos=eos, gen=gen)]
+        torch.save(got, shard)
+        seqs += got
         log(f"gen {len(seqs)}/{len(todo)} sequences, {sum(len(q['ids']) for q in seqs)} tokens")
     torch.save(seqs, path)
     return seqs
