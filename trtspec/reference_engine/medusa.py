@@ -50,13 +50,18 @@ def keep_rows(cache: Any, first: int, rows: list[int]) -> None:
     n = first + len(rows)
     if rows != list(range(len(rows))):
         idx = torch.tensor([first + r for r in rows], dtype=torch.long)
-        for layer in cache.layers:
-            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-                continue
-            layer.keys[..., first:n, :] = layer.keys[..., idx.to(layer.keys.device), :]
-            layer.values[..., first:n, :] = layer.values[..., idx.to(layer.values.device), :]
+        with torch.inference_mode():  # the cache's tensors were made in the forward's inference mode
+            _move(cache, idx, first, n)
     if cache.get_seq_length() > n:
         cache.crop(n - cache.get_seq_length())  # negative: drop that many (transformers 4.x and 5.x)
+
+
+def _move(cache: Any, idx: torch.Tensor, first: int, n: int) -> None:
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+            continue
+        layer.keys[..., first:n, :] = layer.keys[..., idx.to(layer.keys.device), :]
+        layer.values[..., first:n, :] = layer.values[..., idx.to(layer.values.device), :]
 
 
 def materialize(heads: str | Path, target: str | Path, out: str | Path, dtype: str = "float16") -> Path:
