@@ -229,12 +229,17 @@ class BatchScheduler:
                 if plan:
                     continue
                 n = left  # more logits rows than a step holds: run them anyway rather than never
-            piece = seg if n == left and job.done_tokens == 0 else Segment(
+            d = job.done_tokens
+            piece = seg if n == left and d == 0 else Segment(
                 seg.cache,
-                seg.tokens[job.done_tokens : job.done_tokens + n],
-                seg.start + job.done_tokens,
+                seg.tokens[d : d + n],
+                seg.start + d,
                 seg.logit_rows if n == left else 0,
                 capture=seg.capture,
+                # a Medusa tree's rows come in the last chunk; a parent in an earlier chunk is in the cache by then
+                parents=None if seg.parents is None else [max(-1, p - d) for p in seg.parents[d : d + n]],
+                positions=None if seg.positions is None else seg.positions[d : d + n],
+                want_hidden=seg.want_hidden and n == left,
             )
             plan.append((job, piece))
             budget -= n
@@ -266,7 +271,7 @@ class BatchScheduler:
                 job.done_tokens += len(piece.tokens)
                 if job.done_tokens < len(job.segment.tokens):
                     continue
-                job.segment.logits = piece.logits
+                job.segment.logits, job.segment.hidden = piece.logits, piece.hidden
             job.done_tokens = 0
             try:
                 job.segment = job.steps.send(None)

@@ -21,6 +21,7 @@ import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from trtspec.medusa import MedusaError, check_against_target, choices_problems, inspect_heads
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
 
@@ -595,4 +596,33 @@ def check_mtp_target(target: CheckpointInfo, served_model_types: dict[str, str])
         out.append(("error", "mtp-architecture",
                     f"{cfg}: model_type {target.model_type!r} ({target.architecture}) is not one TensorRT-LLM serves with "
                     f"MTP ({', '.join(sorted(served_model_types))}); use method: eagle3 or draft_model for this target"))
+    return out
+
+
+def check_medusa_heads(
+    target: CheckpointInfo, heads: CheckpointInfo, choices: list[list[int]] | None, engine: str
+) -> list[tuple[str, str, str]]:
+    """Can this Medusa head set speculate for this target? (level, code, message) findings: its layout (what
+    TensorRT-LLM's examples/medusa/convert_checkpoint.py reads), hidden size, vocabulary, and the tree's depth
+    against its number of heads."""
+
+    try:
+        info = inspect_heads(heads.path)
+    except MedusaError as e:
+        return [("error", "medusa-layout", f"draft.checkpoint: {e}")]
+    out: list[tuple[str, str, str]] = []
+    try:
+        check_against_target(info, target.hidden_size or info.hidden_size, target.vocab_size or (info.vocab_size or 0),
+                             f"draft.checkpoint {heads.path}")
+    except MedusaError as e:
+        code = "medusa-hidden-size" if "hidden_size" in str(e) else "medusa-vocab"
+        out.append(("error", code, str(e)))
+    if choices is not None:
+        for p in choices_problems(choices, info.num_heads):
+            out.append(("error", "medusa-choices", f"speculative.{p}"))
+    if info.shared_lm_head and engine == "tensorrt_llm":
+        out.append(("error", "medusa-lm-head",
+                    f"draft.checkpoint {heads.path}: the heads share the target's LM head (config.json lm_head: target), "
+                    "but TensorRT-LLM's load_medusa_hf reads each head's own; write them out with `python -m "
+                    "trtspec.reference_engine.medusa materialize HEADS TARGET OUT` and point draft.checkpoint at OUT"))
     return out

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, TypeAdapter, Valida
 from trtspec.contract.fields import DRAFT_LENGTH_POLICIES
 from trtspec.drafters import SELECTIONS
 from trtspec.methods import NAMES as METHOD_NAMES, default_method, problems as method_problems
+from trtspec.medusa import choices_problems
 
 
 class ConfigError(Exception):
@@ -143,7 +144,14 @@ class SpeculativeConfig(_Strict):
     method: Literal[METHOD_NAMES] | None = Field(  # type: ignore[valid-type]
         default=None,
         description="how the deployment drafts (trtspec/methods.py): draft_model, eagle3 (draft.checkpoint is an "
-        "EAGLE-3 head), mtp (the target's own MTP layers), ngram; default: draft_model with a draft, ngram without",
+        "EAGLE-3 head), medusa (draft.checkpoint is a Medusa head set; the engine verifies its tree), mtp (the target's "
+        "own MTP layers), ngram; default: draft_model with a draft, ngram without",
+    )
+    medusa_choices: list[list[Annotated[int, Field(ge=0)]]] | None = Field(
+        default=None,
+        description="method medusa: the candidate tree, as paths of top-k ranks per head (TensorRT-LLM's "
+        "medusa_choices, e.g. [[0], [0, 0], [1]]); it must have at most max_draft_len nodes and be no deeper than "
+        "the head set; unset: [[0], [0, 0], [1], [0, 0, 0], [0, 1]] (cut to the head set's depth)",
     )
     max_draft_len: Annotated[int, Field(ge=1, le=64, description="most draft tokens per iteration (the target engine's --max_draft_len)")] = 8
     num_draft_tokens: Annotated[int, Field(ge=0, le=64, description="a request's draft length k when it asks for none (fixed: every iteration; adaptive: the most the controller picks); default: 4, or max_draft_len if smaller")] = 4
@@ -190,6 +198,18 @@ class SpeculativeConfig(_Strict):
                 "the target engine is built for at most max_draft_len draft tokens (TensorRT-LLM asserts "
                 "'Number of draft tokens is larger than maximum number of draft tokens')"
             )
+        if self.medusa_choices is not None:
+
+            bad = choices_problems(self.medusa_choices)
+            if not self.medusa_choices:
+                bad.append("medusa_choices is empty")
+            if len(self.medusa_choices) > self.max_draft_len:
+                bad.append(f"medusa_choices has {len(self.medusa_choices)} nodes but max_draft_len is {self.max_draft_len} "
+                           "(TensorRT-LLM's engine verifies at most max_draft_len draft tokens a step: raise it)")
+            if self.method not in (None, "medusa"):
+                bad.append(f"medusa_choices applies to method medusa only (this config has method {self.method})")
+            if bad:
+                raise ValueError("; ".join(bad))
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min ({self.ngram_min}) must be <= ngram_max ({self.ngram_max})")
         over = {n: k for n, k in (self.draft_len_schedule or {}).items() if k > self.max_draft_len}

@@ -45,6 +45,9 @@ ASSET_TENSORS = "draft_layers.safetensors"
 ASSET_INFO = "provenance.json"
 EAGLE3_ASSET_DIR = Path(__file__).resolve().parent / "assets" / "demo_eagle3"  # the shipped head, used as is
 EAGLE3_REF = "eagle3"
+MEDUSA_ASSET_DIR = Path(__file__).resolve().parent / "assets" / "demo_medusa"  # the shipped Medusa heads, as is
+MEDUSA_REF = "medusa"
+SHIPPED = {EAGLE3_REF: EAGLE3_ASSET_DIR, MEDUSA_REF: MEDUSA_ASSET_DIR}  # ready to load: no preparation
 ASSET_VOCAB = "draft_vocab.json"  # optional: the draft head's vocabulary (reference_engine.DRAFT_VOCAB_FILE)
 
 # Bumped whenever the layout or the conversion changes, so an old cache is rebuilt.
@@ -101,15 +104,15 @@ def is_demo_ref(ref: str) -> bool:
 
 
 def resolve_checkpoint(ref: str, progress: Progress | None = None) -> Path:
-    """``demo:target`` / ``demo:draft`` / ``demo:draft-untrained`` -> prepared dir, ``demo:eagle3`` -> the shipped
-    EAGLE-3 head; anything else -> Path(ref)."""
+    """``demo:target`` / ``demo:draft`` / ``demo:draft-untrained`` -> prepared dir, ``demo:eagle3`` / ``demo:medusa``
+    -> the shipped EAGLE-3 head / Medusa heads; anything else -> Path(ref)."""
     if not is_demo_ref(ref):
         return Path(ref).expanduser()
     name = ref[len(DEMO_PREFIX):]
-    if name == EAGLE3_REF:  # the EAGLE-3 head for the demo target ships ready to load
-        return EAGLE3_ASSET_DIR
+    if name in SHIPPED:  # the EAGLE-3 head and the Medusa heads for the demo target ship ready to load
+        return SHIPPED[name]
     if name not in DEMO_DIRS:
-        allowed = ", ".join(DEMO_PREFIX + n for n in (*DEMO_DIRS, EAGLE3_REF))
+        allowed = ", ".join(DEMO_PREFIX + n for n in (*DEMO_DIRS, *SHIPPED))
         raise DemoPairError(f"unknown demo checkpoint {ref!r}; use one of: {allowed}")
     if name == "target":  # the target alone needs no draft assets
         return ensure_target(progress)

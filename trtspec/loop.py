@@ -26,6 +26,7 @@ from trtspec.contract.limits import RequestLimits
 from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target
 from trtspec.guided import GuidedRequest, GuidedSettings
 from trtspec.logprobs import TopLogProbs
+from trtspec.methods import in_engine
 from trtspec.metrics import SpecStats
 from trtspec.planner import Planner, RequestPolicy
 from trtspec.estimates import Estimates
@@ -49,6 +50,7 @@ class LoopSettings(BaseModel):
     target_model: str = "tensorrt_llm"
     draft_model: str | None = "tensorrt_llm_draft"  # None: the deployment has no draft model
     draft_disabled: bool = False  # the target-only baseline endpoint
+    engine_reports_drafts: bool = False  # in-engine speculation (Medusa): the engine's own draft counts are the stats
     engine_input_names: dict[str, str] = {}  # TensorRT-LLM version aliases, e.g. {"min_tokens": "min_length"}
     max_concurrent_requests: int = 64
     guided: GuidedSettings | None = None  # None: guided requests are refused (trtspec.guided)
@@ -123,7 +125,8 @@ def validate(req: LoopRequest, settings: LoopSettings) -> None:
         raise RequestError("the prompt is empty (text_input must not be empty)")
     settings.limits.check(len(req.prompt), req.max_tokens, req.num_draft_tokens)
     source = req.draft_source or settings.speculative.draft_source
-    if not settings.draft_disabled and settings.draft_model is None and not drafts_in_target(settings) and any(
+    if not settings.draft_disabled and settings.draft_model is None and not drafts_in_target(settings) and \
+            not in_engine(settings.speculative.method) and any(
         SOURCES[s].needs_draft_model for s in SELECTIONS[source]
     ):
         raise RequestError(
@@ -204,7 +207,7 @@ class SpeculativeLoop:
         self, seq: list[int], proposal: Proposal, common: Mapping[str, np.ndarray], min_tokens: int,
         log_probs: bool = False,
         in_target: TargetDrafter | None = None, next_k: int = 0, top: int = 0, temperature: float | None = None,
-        plain: int = 1, guided: GuidedRequest | None = None,
+        plain: int = 1, guided: GuidedRequest | None = None, engine_drafts: list[int] | None = None,
     ) -> tuple[list[int], list[float] | None, TopLogProbs | None]:
         """The target's new tokens, and with `log_probs` its log-probability of each (TensorRT-LLM's output_log_probs),
         with `top` its `top` most likely tokens at each new token's position (from its generation_logits).
@@ -237,7 +240,13 @@ class SpeculativeLoop:
         if in_target is not None and next_k:
             tensors["next_draft_len"] = _i32(next_k)
             wanted.append("next_draft_ids")
+        if engine_drafts is not None:  # the engine's own speculation, as its perf metrics count it
+            tensors["return_perf_metrics"] = np.array([[True]])
+            wanted += ["total_draft_tokens", "total_accepted_draft_tokens"]
         out = self.call(self.settings.target_model, tensors, wanted)
+        if engine_drafts is not None:
+            engine_drafts[:] = [int(np.asarray(out.get(n, [[0]])).reshape(-1)[0])
+                                for n in ("total_draft_tokens", "total_accepted_draft_tokens")]
         if in_target is not None:
             in_target.next = [int(x) for x in np.asarray(out.get("next_draft_ids", [])).reshape(-1)]
         new = self._new_tokens(out, len(seq))
@@ -286,7 +295,9 @@ class SpeculativeLoop:
         """Yields one Step per target call (the last has final=True). Raises RequestError."""
         validate(req, self.settings)
         guided = GuidedRequest.start(req, self.settings)  # guided decoding (trtspec.guided): None without a guide
-        planner = self.planner(req, drafting=guided is None or guided.drafts)
+        # Medusa: the engine speculates by itself; the loop drafts nothing and asks for runs it passes through
+        passthrough = in_engine(self.settings.speculative.method)
+        planner = self.planner(req, drafting=(guided is None or guided.drafts) and not passthrough)
         planner.stats.guided_without_drafting = int(guided is not None and not guided.drafts)
         common = self._sampling_tensors(req)
         common.update(guided.engine_tensors() if guided else {})
@@ -314,15 +325,20 @@ class SpeculativeLoop:
                     except EngineCallError:
                         draft_failed = True
                 draft_s = time.perf_counter() - t0
+            engine_drafts = [0, 0] if passthrough and self.settings.engine_reports_drafts else None
             proposal = guided.cut(proposal, plan.plain) if guided else proposal  # no token the grammar refuses
             draft = proposal.tokens
             remaining = req.max_tokens - len(generated)
+            if passthrough:  # the whole rest in one call; streamed: a tree's worth a call
+                plan = replace(plan, plain=min(remaining, self.settings.speculative.max_draft_len + 1) if req.stream
+                               else remaining)
             plan = replace(plan, plain=guided.plain(plan.plain, remaining)) if guided else plan
             t0 = time.perf_counter()
             with self.estimates.target_call(1 + len(draft)) as step:  # a step's tokens: a plain run's is 1
                 new, log_probs, top = self._verify(
                     seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), bool(req.return_log_probs),
                     in_target, plan.next_k, req.top_log_probs or 0, req.temperature, plan.plain, guided,
+                    engine_drafts,
                 )
             verify_s = time.perf_counter() - t0
             raw = list(new)
@@ -344,6 +360,11 @@ class SpeculativeLoop:
             seq += new
             planner.outcome(plan, load, draft, raw, verify_s, draft_s, seq, len(new), propose, draft_failed, batch[0],
                             step[0], batch[1])
+            if engine_drafts and engine_drafts[0]:  # the engine's drafts in this call (derived rates: SpecStats)
+                stats = planner.stats
+                stats.num_drafts += 1
+                stats.total_draft_tokens += engine_drafts[0]
+                stats.total_accepted_draft_tokens += engine_drafts[1]
             yield Step(new, before, planner.stats, final=done,
                        log_probs=None if log_probs is None else log_probs[: len(new)],
                        top=None if top is None else top.head(len(new)))

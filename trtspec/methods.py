@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # What `draft.checkpoint` must be for a method.
-DRAFT_MODEL, EAGLE3_HEAD = "draft_model", "eagle3_head"
+DRAFT_MODEL, EAGLE3_HEAD, MEDUSA_HEADS = "draft_model", "eagle3_head", "medusa_heads"
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,7 @@ class Method:
     decoding: str  # TensorRT-LLM's decoding type (canonical name; each version's spelling: trtspec.llmapi)
     summary: str
     refused: dict[str, str]  # engine -> why not and what to use instead
+    in_engine: bool = False  # the engine speculates by itself (no trtspec drafting): the loop passes runs through
 
 
 _ENGINE_FLOW_NO = (
@@ -50,6 +51,19 @@ METHODS: dict[str, Method] = {
             },
         ),
         Method(
+            "medusa", MEDUSA_HEADS, ("reference", "tensorrt_llm"), "Medusa",
+            "Medusa heads (draft.checkpoint) on the target's last hidden state propose a tree (speculative."
+            "medusa_choices) that the target verifies in one step, inside the engine",
+            {
+                # tensorrt_llm/llmapi/llm_args.py (1.0-1.2.1): MedusaDecodingConfig.supports_backend is False for
+                # "pytorch", and tensorrt_llm/_torch/speculative/ has no Medusa worker (docs/medusa.md)
+                "llmapi": "TensorRT-LLM's LLM API parses MedusaDecodingConfig, but its PyTorch backend does not run "
+                "Medusa (MedusaDecodingConfig.supports_backend('pytorch') is False in 1.0-1.2.1); use engine: "
+                "tensorrt_llm (trtllm-build's Medusa engine) or method: eagle3",
+            },
+            in_engine=True,
+        ),
+        Method(
             "ngram", None, ("reference", "tensorrt_llm", "llmapi"), "NGram",
             "prompt lookup: drafts are copied from earlier text of the request (no draft checkpoint)", {},
         ),
@@ -57,6 +71,11 @@ METHODS: dict[str, Method] = {
 }
 
 NAMES = tuple(METHODS)
+
+
+def in_engine(method: str | None) -> bool:
+    """The engine speculates by itself (Medusa): trtspec's loop drafts nothing and passes plain runs through."""
+    return method is not None and METHODS[method].in_engine
 
 
 def default_method(has_draft: bool, draft_source: str, engine: str) -> str:
@@ -77,6 +96,9 @@ def problems(method: str, engine: str, has_draft: bool, draft_source: str) -> li
         if m.draft == EAGLE3_HEAD:
             out.append("draft is required with speculative.method: eagle3: add a draft: section whose checkpoint "
                        "is the EAGLE-3 head")
+        elif m.draft == MEDUSA_HEADS:
+            out.append("draft is required with speculative.method: medusa: add a draft: section whose checkpoint "
+                       "is the Medusa head set (config.json with medusa_num_heads, medusa_lm_head.safetensors)")
         else:
             out.append(f"draft is required with speculative.method: draft_model (draft_source: {draft_source}): "
                        "add a draft: section, or set speculative.draft_source: ngram for prompt lookup only")
@@ -86,6 +108,9 @@ def problems(method: str, engine: str, has_draft: bool, draft_source: str) -> li
     if method == "ngram" and draft_source != "ngram":
         out.append(f"speculative.draft_source: {draft_source}: method ngram drafts by prompt lookup only; "
                    "set draft_source: ngram (or leave it out)")
+    if m.in_engine and draft_source != "model":
+        out.append(f"speculative.draft_source: {draft_source}: method {method} speculates inside the engine; leave "
+                   "draft_source at model")
     if engine == "llmapi" and method != "ngram" and draft_source == "ngram":
         out.append(f"speculative.draft_source: ngram: TensorRT-LLM speculates with one drafter; with method {method} "
                    "leave draft_source at model (or use method: ngram)")

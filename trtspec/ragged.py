@@ -31,6 +31,20 @@ class Segment:
     logits: torch.Tensor | None = field(default=None, repr=False)
     features: torch.Tensor | None = field(default=None, repr=False)  # EAGLE-3 capture-layer outputs of its rows
     capture: bool = False  # the in-engine EAGLE-3 head wants `features` of this segment's rows
+    # A token tree (Medusa): row j's parent row (-1: none, it follows the cached prefix) and position; a row attends
+    # to the cached prefix and its own ancestors only. None: the rows are consecutive (causal).
+    parents: list[int] | None = None
+    positions: list[int] | None = None
+    want_hidden: bool = False  # keep the last hidden state of the logit rows (`hidden`): the Medusa heads read it
+    hidden: torch.Tensor | None = field(default=None, repr=False)
+
+    def ancestry(self, j: int) -> list[int]:
+        """Row j's ancestors and itself, root side first (rows of this segment)."""
+        chain = []
+        while j >= 0:
+            chain.append(j)
+            j = self.parents[j] if self.parents is not None else j - 1
+        return chain[::-1]
 
 
 class RaggedBatch:
@@ -59,7 +73,11 @@ class RaggedBatch:
         count (layers of one kind see the same shapes; building it per layer cost more than the attention)."""
         if (i, kv) not in self._masks:
             n = self.bounds[i][1] - self.bounds[i][0]
-            self._masks[i, kv] = None if n == 1 or n == kv else _causal_mask(n, kv, device)
+            seg = self.segments[i]
+            if seg.parents is not None:
+                self._masks[i, kv] = _tree_mask(seg, kv, device)
+            else:
+                self._masks[i, kv] = None if n == 1 or n == kv else _causal_mask(n, kv, device)
         return self._masks[i, kv]
 
     # Passed as the model's attention_mask: a 4D mask is used as given, so transformers builds none for the
@@ -71,7 +89,7 @@ class RaggedBatch:
         ids, pos, rows = [], [], []
         for seg, (s, e) in zip(self.segments, self.bounds):
             ids.extend(seg.tokens)
-            pos.extend(range(seg.start, seg.start + len(seg.tokens)))
+            pos.extend(seg.positions if seg.positions is not None else range(seg.start, seg.start + len(seg.tokens)))
             rows.extend(range(e - seg.logit_rows, e))
         t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
         return t([ids]), t([pos]), t(rows)
@@ -80,16 +98,28 @@ class RaggedBatch:
         """The model forward's arguments that route attention through ragged_attention with this batch."""
         return {"attention_mask": self.NO_MASK, "ragged": self}
 
-    def split_logits(self, logits: torch.Tensor) -> None:
+    def split_logits(self, logits: torch.Tensor, hidden: torch.Tensor | None = None) -> None:
         i = 0
         for seg in self.segments:
             seg.logits = logits[i : i + seg.logit_rows]
+            if seg.want_hidden and hidden is not None:
+                seg.hidden = hidden[i : i + seg.logit_rows]
             i += seg.logit_rows
 
 
 def _causal_mask(q: int, kv: int, device: Any) -> torch.Tensor:
     """Query i (the (kv - q + i)-th position) sees keys 0 .. kv - q + i: causal, aligned bottom-right."""
     return torch.ones(q, kv, dtype=torch.bool, device=device).tril(kv - q)[None, None]
+
+
+def _tree_mask(seg: Segment, kv: int, device: Any) -> torch.Tensor:
+    """A tree segment's mask: every row sees the cached prefix, its ancestors and itself."""
+    n = len(seg.tokens)
+    m = torch.zeros(n, kv, dtype=torch.bool)
+    m[:, : kv - n] = True
+    for j in range(n):
+        m[j, [kv - n + a for a in seg.ancestry(j)]] = True
+    return m.to(device)[None, None]
 
 
 def ragged_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, ragged=None, **kwargs):
@@ -103,6 +133,14 @@ def ragged_attention(module, query, key, value, attention_mask, dropout: float =
         q, k, v = (query, key, value) if alone else (query[:, :, s:e], key[:, :, s:e], value[:, :, s:e])
         k, v = seg.cache.update(k, v, module.layer_idx)
         n, kv = e - s, k.shape[2]
+        if ragged.row_invariant and seg.parents is not None and 1 < n <= ragged.ROW_INVARIANT_MAX:
+            prefix = kv - n
+            for j in range(n):  # the keys a decode of this node would see, in the same order: bitwise the decode
+                idx = torch.tensor([*range(prefix), *(prefix + a for a in seg.ancestry(j))], device=k.device)
+                out, _ = sdpa_attention_forward(module, q[:, :, j : j + 1], k[:, :, idx], v[:, :, idx], None,
+                                                dropout=dropout, scaling=scaling, is_causal=False)
+                outs.append(out)
+            continue
         if ragged.row_invariant and 1 < n <= ragged.ROW_INVARIANT_MAX:
             for j in range(n):  # query j is position kv - n + j: it sees keys 0 .. kv - n + j
                 seen = kv - n + j + 1
@@ -111,7 +149,8 @@ def ragged_attention(module, query, key, value, attention_mask, dropout: float =
                 outs.append(out)
             continue
         mask = ragged.mask(i, kv, query.device)
-        out, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling, is_causal=n > 1 and mask is None)
+        out, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=dropout, scaling=scaling,
+                                        is_causal=n > 1 and mask is None)
         outs.append(out)
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)), None
 

@@ -26,6 +26,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from trtspec.config import BuildConfig, EngineKind, checkpoint_path, plan_max_num_tokens
 from trtspec.drafters import drafts_in_target
+from trtspec.methods import in_engine
 from trtspec.reference_engine.tensor_io import NEXT_DRAFT_IDS, NEXT_DRAFT_LEN
 from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_OUTPUTS, RESPONSE_STATS, nvidia
 from trtspec.contract.models import BASELINE, BASELINE_LOOP, DRAFT, ENSEMBLE, LOOP, TARGET
@@ -36,6 +37,7 @@ from trtspec.guided import (
 from trtspec.llmapi.repository import write_llmapi_models
 from trtspec.loop import LoopSettings, settings_parameter
 from trtspec.repository_reader import RepositoryError, read_repository
+from trtspec.medusa import DEFAULT_CHOICES, to_pbtxt
 
 TEMPLATES = Path(__file__).resolve().parent / "model_repository"
 
@@ -173,8 +175,11 @@ def _guided_params(config: mc.ModelConfig, guided: GuidedSettings | None, refere
 
 
 def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_input_names: dict[str, str],
-                  guided: GuidedSettings | None = None) -> LoopSettings:
+                  guided: GuidedSettings | None = None, version: str | None = None) -> LoopSettings:
     spec = cfg.speculative
+    # in-engine speculation (Medusa): its statistics are the engine's perf metrics, where the version declares them
+    outputs = {t.name for t in _contract(version, TARGET).outputs}
+    engine_reports_drafts = in_engine(spec.method) and "total_draft_tokens" in outputs
     if spec.adaptive.batched_steps is None:  # resolved here, where the device is known
         batched = not (cfg.engine == "reference" and cfg.device != "cuda")
         spec = spec.model_copy(update={"adaptive": spec.adaptive.model_copy(update={"batched_steps": batched})})
@@ -185,6 +190,7 @@ def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_
         target_model=TARGET,
         draft_model=DRAFT if uses_model else None,
         draft_disabled=baseline,
+        engine_reports_drafts=engine_reports_drafts,
         engine_input_names=engine_input_names,
         max_concurrent_requests=max(64, cfg.limits.max_batch_size),
     )
@@ -269,6 +275,8 @@ def _engine_config(
             **({"kernel_dir": Path(kernel_dir).resolve()}
                if kernel_dir is not None and model.linear_kernels == "compiled" else {}),
         )
+        if role == "target" and in_engine(cfg.speculative.method):
+            _set_params(config, medusa_heads=checkpoint_path(cfg, "draft").resolve(), **_medusa_params(cfg))
         if role == "target" and drafts_in_target(cfg):
             _set_params(config, eagle3_head=checkpoint_path(cfg, "draft").resolve())
             _add_tensor(config.input, NEXT_DRAFT_LEN, "INT32", (1,), optional=True)
@@ -284,7 +292,20 @@ def _engine_config(
         kv_cache_free_gpu_mem_fraction=kv_fraction if kv_fraction is not None else 0.5,
         max_beam_width=1,
     )
+    if role == "target" and in_engine(cfg.speculative.method):
+        # NVIDIA's tensorrt_llm parameters (config.pbtxt of 0.17-1.2.1; docs/medusa.md)
+        _set_params(config, decoding_mode="medusa", **_medusa_params(cfg))
     return config
+
+
+def _medusa_params(cfg: BuildConfig) -> dict[str, str]:
+    """medusa_choices in the tensorrt_llm model's format; unset: the engine's default (the reference engine's
+    trtspec.medusa.DEFAULT_CHOICES cut to its heads; TensorRT-LLM's own default is mc_sim_7b_63, so it is written)."""
+
+    choices = cfg.speculative.medusa_choices
+    if choices is None and cfg.engine is not EngineKind.reference:
+        choices = [list(c) for c in DEFAULT_CHOICES]
+    return {} if choices is None else {"medusa_choices": to_pbtxt(choices)}
 
 
 def generate_repository(
@@ -339,8 +360,9 @@ def _write_models(
     final_root: Path | None = None,
 ) -> None:
     spec = cfg.speculative
-    # an EAGLE-3 head drafts inside the target engine: no tensorrt_llm_draft model
-    uses_model = cfg.draft is not None and spec.draft_source in ("model", "hybrid") and not drafts_in_target(cfg)
+    # an EAGLE-3 head drafts inside the target engine, Medusa heads speculate in it: no tensorrt_llm_draft model
+    uses_model = cfg.draft is not None and spec.draft_source in ("model", "hybrid") and not drafts_in_target(cfg) \
+        and not in_engine(spec.method)
     w = _Writer(cfg, partial)
     tokenizer_dir = checkpoint_path(cfg, "target").resolve()
     guided = guided_settings(cfg, version, final_root or partial.with_name(partial.name.removesuffix(".partial")))
@@ -378,7 +400,7 @@ def _write_models(
         c.instance_group[0].count = cfg.triton.speculative_instance_count
         declare_io(c, version)
         settings = loop_settings(cfg, baseline=baseline, uses_model=uses_model, engine_input_names=aliases,
-                                 guided=guided)
+                                 guided=guided, version=version)
         _set_params(c, tokenizer_dir=tokenizer_dir, **settings_parameter(settings))
         w.write(c, TEMPLATES / LOOP / "1" / "model.py")
 

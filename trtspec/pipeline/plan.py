@@ -48,6 +48,7 @@ from trtspec.config import BuildConfig, EngineKind, ModelConfig, checkpoint_path
 from trtspec.llmapi.model_yaml import ModelYamlError, load_controls, validate_installed
 from trtspec.llmapi.repository import model_yamls
 from trtspec.machine import Machine
+from trtspec.medusa import DEFAULT_CHOICES, MedusaError, inspect_heads
 
 PLAN_FORMAT = 1
 DEFAULT_EXAMPLES = Path("/app/tensorrt_llm/examples")
@@ -94,6 +95,11 @@ class Tools:
         if new.is_file() or not old.is_file() and _at_least(trtllm_version, (0, 18), default=True):
             return new
         return old
+
+    def medusa_convert_script(self) -> Path:
+        """examples/medusa/convert_checkpoint.py: the target with its Medusa heads in one checkpoint (the same path
+        in 0.17-1.2; docs/medusa.md has where it was read)."""
+        return self.examples / "medusa" / "convert_checkpoint.py"
 
     def quantize_script(self) -> Path:
         return self.examples / "quantization" / "quantize.py"
@@ -231,6 +237,15 @@ class Plan:
         return out
 
 
+def _medusa_heads(cfg: BuildConfig, heads_dir: Path) -> int:
+    """The head set's number of heads (from its config.json; without it, as deep as the tree: a dry run)."""
+
+    try:
+        return inspect_heads(heads_dir).num_heads
+    except (MedusaError, OSError, ValueError):
+        return max(len(c) for c in (cfg.speculative.medusa_choices or DEFAULT_CHOICES))
+
+
 def _key(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -249,6 +264,23 @@ def _conversion_args(model_dir: Path, out: Path, m: ModelConfig) -> list[str]:
     """The arguments convert_checkpoint.py and trtspec.pipeline.convert share."""
     return [
         "--model_dir", str(model_dir),
+        "--output_dir", str(out),
+        "--dtype", m.dtype,
+        "--tp_size", str(m.tp_size),
+        "--pp_size", str(m.pp_size),
+    ]  # fmt: skip
+
+
+def medusa_convert_argv(tools: Tools, model_dir: Path, heads_dir: Path, out: Path, m: ModelConfig,
+                        num_heads: int, max_draft_len: int) -> list[str]:
+    """Target + Medusa heads -> one TensorRT-LLM checkpoint (MedusaForCausalLM) with NVIDIA's
+    examples/medusa/convert_checkpoint.py (its --dtype has no auto: the model's dtype is written out)."""
+    return [
+        tools.python, str(tools.medusa_convert_script()),
+        "--model_dir", str(model_dir),
+        "--medusa_model_dir", str(heads_dir),
+        "--num_medusa_heads", str(num_heads),
+        "--max_medusa_token_len", str(max_draft_len),
         "--output_dir", str(out),
         "--dtype", m.dtype,
         "--tp_size", str(m.tp_size),
@@ -316,7 +348,8 @@ def build_argv(
         "--workers", str(m.world_size),
     ]  # fmt: skip
     if role == "target":
-        argv += ["--speculative_decoding_mode", "draft_tokens_external", "--max_draft_len", str(K)]
+        mode = "medusa" if cfg.speculative.method == "medusa" else "draft_tokens_external"
+        argv += ["--speculative_decoding_mode", mode, "--max_draft_len", str(K)]
     elif cfg.speculative.use_draft_logits:
         argv += ["--gather_generation_logits"]
     return argv
@@ -379,9 +412,12 @@ def make_plan(
     )
     fps = {role: _fingerprint(p) for role, p in checkpoints.items()}
 
+    # method medusa: the heads go into the target's checkpoint and engine (no draft engine)
+    medusa = cfg.speculative.method == "medusa"
+    engine_roles = ("target",) if medusa else ("target", "draft")
     if cfg.engine is EngineKind.tensorrt_llm:
         ckpt_steps: dict[str, str] = {}
-        for role in ("target", "draft"):
+        for role in engine_roles:
             m: ModelConfig | None = getattr(cfg, role)
             if m is None:
                 continue
@@ -392,6 +428,13 @@ def make_plan(
                 name, argv = f"quantize-{role}", quantize_argv(tools, checkpoints[role], out, m)
                 desc = f"quantize the {role} to FP8 (weights + KV cache, ModelOpt PTQ, {FP8_CALIB_SIZE} calibration samples)"
                 script = tools.quantize_script()
+            elif medusa:
+                heads = _medusa_heads(cfg, checkpoints["draft"])
+                name, argv = f"convert-{role}", medusa_convert_argv(
+                    tools, checkpoints[role], checkpoints["draft"], out, m, heads, cfg.speculative.max_draft_len
+                )
+                desc = f"convert the target with its {heads} Medusa heads ({m.dtype}, tp {m.tp_size}, pp {m.pp_size})"
+                script = tools.medusa_convert_script()
             elif info is None or info.architecture in LLAMA_SCRIPT_ARCHS or info.architecture is None:
                 name, argv = f"convert-{role}", convert_argv(
                     tools, tools.convert_script(trtllm_version), checkpoints[role], out, m
@@ -428,19 +471,20 @@ def make_plan(
                     outputs=[out],
                     expect=["config.json", *ranks],
                     depends_on=["preflight"],
-                    key_parts={"checkpoint": fps[role], "tensorrt_llm": trtllm_version},
+                    key_parts={"checkpoint": fps[role], "tensorrt_llm": trtllm_version,
+                               **({"medusa_heads": fps["draft"]} if medusa else {})},
                     role=role,
                 )
             )
             ckpt_steps[role] = name
-        for role in ("target", "draft"):
+        for role in engine_roles:
             m = getattr(cfg, role)
             if m is None:
                 continue
             ckpt = output_dir / "checkpoints" / role
             out = output_dir / "engines" / role
             what = (
-                f"draft_tokens_external, max_draft_len {cfg.speculative.max_draft_len}"
+                f"{'medusa' if medusa else 'draft_tokens_external'}, max_draft_len {cfg.speculative.max_draft_len}"
                 if role == "target"
                 else ("gathers generation logits" if cfg.speculative.use_draft_logits else "plain engine")
             )
@@ -539,7 +583,7 @@ def make_plan(
     pending = {
         role: not (plan.step(f"build-{role}").up_to_date and (output_dir / "checkpoints" / role).exists())
         for role in checkpoints
-        if cfg.engine is EngineKind.tensorrt_llm
+        if cfg.engine is EngineKind.tensorrt_llm and role in engine_roles
     }
     pf = run_preflight(
         cfg,
@@ -553,7 +597,7 @@ def make_plan(
     pf.findings.extend(layout_findings)
     if cfg.engine is EngineKind.tensorrt_llm:
         for role, m in (("target", cfg.target), ("draft", cfg.draft)):
-            if m is None:
+            if m is None or role not in engine_roles:
                 continue
             for g in pf.placement.get(role, []):  # engine flow only: llmapi has no engine builder
                 gpu = machine.gpu(g)

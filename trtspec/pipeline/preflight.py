@@ -28,6 +28,7 @@ from trtspec.checkpoint import (
     DTYPE_BYTES,
     CheckpointInfo,
     check_eagle3_head,
+    check_medusa_heads,
     check_mtp_target,
     check_pair,
     format_bytes,
@@ -310,6 +311,8 @@ def _check_pair(cfg: BuildConfig, infos: dict[str, CheckpointInfo | None], r: Pr
         return
     elif method == "eagle3":
         findings = check_eagle3_head(t, d)
+    elif method == "medusa":
+        findings = check_medusa_heads(t, d, cfg.speculative.medusa_choices, cfg.engine.value)
     else:
         findings = check_pair(t, d, use_draft_logits=cfg.speculative.use_draft_logits).findings
     for level, code, message in findings:

@@ -21,6 +21,8 @@ from trtspec.reference_engine.device import _DTYPES, choose_precision, pick_devi
 from trtspec.reference_engine.draft_vocab import draft_head, load_draft_vocab
 from trtspec.reference_engine.eagle3 import InEngineDrafter
 from trtspec.reference_engine.kv_cache import new_cache
+from trtspec import medusa as medusa_lib
+from trtspec.reference_engine.medusa import MedusaHeads, TreeWork, keep_rows
 from trtspec.reference_engine.compiled_linear import CompiledLinear
 from trtspec.reference_engine.packed_linear import PackedLinear
 from trtspec.reference_engine.prefix_cache import PrefixCache, cache_nbytes
@@ -86,6 +88,8 @@ class ReferenceEngine:
         linear_kernels: str = "auto",
         kernel_dir: str | Path | None = None,
         xgrammar_tokenizer_info: str | Path | None = None,
+        medusa_heads: str | Path | None = None,
+        medusa_choices: Sequence[Sequence[int]] | None = None,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -116,6 +120,19 @@ class ReferenceEngine:
         self._head = lm_head_product(self.model, kernels) if self.device == "cpu" and self.draft_vocab is None else None
         # An EAGLE-3 head drafting in this engine: a request's next_draft_len asks it for the next call's draft.
         self.eagle3 = InEngineDrafter(eagle3_head, self.model, cache_entries) if eagle3_head else None
+        # Medusa heads on the target's last hidden state: every generation step verifies their tree (engine_flow's
+        # in-engine speculation; trtspec.reference_engine.medusa)
+        self.medusa = self.medusa_tree = None
+        self.medusa_work = TreeWork()
+        if medusa_heads:
+            self.medusa = MedusaHeads(medusa_heads, self.model)
+            choices = medusa_choices or medusa_lib.default_choices(self.medusa.info.num_heads)
+            problems = medusa_lib.choices_problems(choices, self.medusa.info.num_heads)
+            if problems:
+                raise medusa_lib.MedusaError(f"{medusa_heads}: " + "; ".join(problems))
+            self.medusa_tree = medusa_lib.Tree.from_choices(choices)
+            if self.draft_vocab is not None:
+                raise ValueError("medusa_heads: a target engine scores the whole vocabulary (no draft vocabulary)")
         if cache_bytes is None and cache_tokens:  # a budget in tokens: this model's KV bytes per token decide
             cache_bytes = cache_tokens * self.kv_bytes_per_token()
         self.cache = PrefixCache(cache_entries, cache_bytes)
@@ -152,10 +169,14 @@ class ReferenceEngine:
         ids, pos, rows = batch.inputs(self.device)
         # the head's capture hooks only on a forward where some segment wants its features
         capture = self.eagle3 is not None and any(seg.capture for seg in segments)
+        want_hidden = any(seg.want_hidden for seg in segments)
+        hidden = None
         with torch.inference_mode(), self.eagle3.capturing() if capture else contextlib.nullcontext():
-            if self.draft_vocab is None and self._head is not None:
+            if self.draft_vocab is None and (self._head is not None or want_hidden):
                 out = self.model.base_model(input_ids=ids, position_ids=pos, use_cache=False, **batch.kwargs())
-                logits = self._head(out.last_hidden_state[0, rows]).float().contiguous()
+                hidden = out.last_hidden_state[0, rows]
+                head = self._head if self._head is not None else self.model.get_output_embeddings()
+                logits = head(hidden).float().contiguous()
             elif self.draft_vocab is None:
                 out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=rows, **batch.kwargs())
                 logits = out.logits[0].float()
@@ -164,7 +185,7 @@ class ReferenceEngine:
                 scores = (out.last_hidden_state[0, rows] @ self._draft_head_t).float()
                 logits = torch.full((len(rows), self.vocab_size), float("-inf"), device=scores.device)
                 logits[:, self.draft_vocab] = scores
-        batch.split_logits(logits)
+        batch.split_logits(logits, hidden)
         if capture:
             wanted = [(seg, bounds) for seg, bounds in zip(segments, batch.bounds) if seg.capture]
             for (seg, _), feats in zip(wanted, self.eagle3.features([b for _, b in wanted])):
@@ -247,6 +268,8 @@ class ReferenceEngine:
         guide = None if req.guide is None else EngineGuide(self.guides, req.guide, req.input_ids, req.guide_start)
         if req.draft_ids:
             return self._verify(req, guide)
+        if self.medusa is not None and self._medusa_serves(req):
+            return self._generate_medusa(req)
         return self._generate(req, guide)
 
     def _generate(self, req: EngineRequest, guide: EngineGuide | None = None) -> Steps:
@@ -305,6 +328,85 @@ class ReferenceEngine:
             result.log_probs = log_probs
         if head is not None and not ended and feats.rows is not None:
             result.next_draft_ids = self.eagle3.finish(head, tokens, feats.start, feats.rows, req.next_draft_len)
+        return result
+
+    def _medusa_serves(self, req: EngineRequest) -> bool:
+        """Requests the tree walk serves; the others (logits, a guide, an EAGLE-3 draft) step plainly, as exact."""
+        return not (req.return_generation_logits or req.return_context_logits or req.guide is not None
+                    or req.next_draft_len)
+
+    def _generate_medusa(self, req: EngineRequest) -> Steps:
+        """Generation with the Medusa tree: each step computes the last token with the tree the heads proposed from
+        the step before, walks the tree with the target's own choices (greedy or sampled: every token is the
+        target's, so the output is what target-only decoding gives), and keeps only the accepted path's KV."""
+        rng = self._rng(req)
+        tree, n_in = self.medusa_tree, len(req.input_ids)
+        tokens = list(req.input_ids)
+        result = EngineResult(tokens, input_len=n_in)
+        sampling = self._sampling(req)
+        log_probs: list[float] = []
+        nodes: list[int] | None = None  # the tree's tokens for this step (None: the prefill)
+        while True:
+            segment, reuse = self._open(tokens, 1)
+            base = len(segment.tokens)  # the committed tokens the cache lacks (the last: the tree's root)
+            if nodes:
+                root = len(tokens) - 1
+                segment.tokens = segment.tokens + nodes
+                segment.parents = [*range(-1, base - 1), *(base - 1 if p < 0 else base + p for p in tree.parent)]
+                segment.positions = [*range(segment.start, segment.start + base), *(root + d for d in tree.depth)]
+                segment.logit_rows = 1 + len(nodes)
+            segment.want_hidden = True
+            if not result.computed_tokens:
+                result.reused_tokens = reuse
+            yield segment
+            result.computed_tokens += len(segment.tokens)
+            rows = segment.logits.cpu().numpy()
+            # the walk: row 0 is the root's, row 1 + i node i's; a child holding the target's token is accepted
+            path: list[int] = []
+            picks: list[tuple[int, int]] = []  # (token, the row that chose it)
+            node, row = -1, 0
+            while True:
+                context = tokens + [nodes[i] for i in path]
+                p = self._process(rows[row], context, req, len(context) - n_in)
+                t = int(p.argmax()) if sampling.greedy else sample(probabilities(p, sampling), rng)
+                picks.append((t, row))
+                if req.return_log_probs:
+                    log_probs.append(self._log_prob(p, t))
+                child = next((c for c in tree.children(node) if nodes[c] == t), None) if nodes else None
+                if child is None:
+                    break
+                path.append(child)
+                node, row = child, child + 1
+            # what is emitted: up to output_len, not the end token, up to a stop word
+            emitted, ended = [], False
+            for t, _ in picks:
+                if len(tokens) + len(emitted) - n_in >= req.output_len:
+                    break
+                if req.end_id is not None and t == req.end_id:
+                    ended = True
+                    break
+                emitted.append(t)
+                if req.stop_words and find_stop(tokens + emitted, req.stop_words, start=n_in) is not None:
+                    ended = True
+                    break
+            if nodes:
+                self.medusa_work.record(len(path))
+                result.num_draft_tokens += max(tree.depth)
+                result.num_accepted += min(len(path), len(emitted))
+            # the cache keeps the committed sequence but its last token: the accepted nodes emitted before it
+            kept = path[: max(0, len(emitted) - 1)]
+            keep_rows(segment.cache, segment.start + base, kept)
+            self.cache.put(tokens + emitted[:-1] if emitted else list(tokens), segment.cache)
+            del log_probs[len(tokens) - n_in + len(emitted):]
+            tokens.extend(emitted)
+            result.last_token_ns = time.monotonic_ns()
+            result.first_token_ns = result.first_token_ns or result.last_token_ns
+            if ended or not emitted or len(tokens) - n_in >= req.output_len:
+                break
+            hidden = segment.hidden[picks[len(emitted) - 1][1]]
+            nodes = tree.tokens(self.medusa.top(hidden, tree.topk))
+        if req.return_log_probs:
+            result.log_probs = log_probs
         return result
 
     def _verify(self, req: EngineRequest, guide: EngineGuide | None = None) -> Steps:

@@ -15,6 +15,7 @@ import triton_python_backend_utils as pb_utils
 from trtspec import log_to_stderr
 from trtspec import triton_io as io
 from trtspec.batching import BatchScheduler, QueueFull
+from trtspec.medusa import from_pbtxt
 from trtspec.metrics import EngineGauges
 from trtspec.reference_engine import ReferenceEngine, RequestTensorError, request_from_tensors, result_tensors
 
@@ -45,6 +46,8 @@ class TritonPythonModel:
             salt=sum(args["model_name"].encode()),
             use_draft_vocab=params.get("use_draft_vocab", "false").lower() == "true",
             eagle3_head=params.get("eagle3_head") or None,
+            medusa_heads=params.get("medusa_heads") or None,
+            medusa_choices=from_pbtxt(params["medusa_choices"]) if params.get("medusa_choices") else None,
             linear_kernels=params.get("linear_kernels", "auto"),
             kernel_dir=params.get("kernel_dir") or None,
             # NVIDIA's tensorrt_llm parameters for guided decoding (trtspec.guided)

@@ -1,0 +1,286 @@
+"""speculative.method: medusa: the head set against its target, the engine-flow plan against NVIDIA's parsers, the
+refusal on the LLM API, and the reference engine's tree verify (exact, and only the accepted path's KV is kept).
+
+NVIDIA sources of the flags and parameters checked here: docs/medusa.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trtspec import medusa
+from trtspec.config import ConfigError, parse_config
+
+try:
+    from tests.test_build_plan import TOOLS, TRTLLM_BUILD_FLAGS, check_argv, tool_of
+    from tests.test_checkpoint import LLAMA_31_8B, SMOLLM2_135M, example_config, make_checkpoint
+except ImportError:  # tests/ on sys.path instead of the repo root
+    from test_build_plan import TOOLS, TRTLLM_BUILD_FLAGS, check_argv, tool_of  # type: ignore[no-redef]
+    from test_checkpoint import LLAMA_31_8B, SMOLLM2_135M, example_config, make_checkpoint  # type: ignore[no-redef]
+
+# Source: NVIDIA/TensorRT-LLM examples/medusa/convert_checkpoint.py, parse_arguments, as stored at 063e02f7 and
+# b93e14ca (the second adds --model_type); flags trtspec does not pass are left out unless they share a prefix.
+MEDUSA_CONVERT_FLAGS: dict[str, dict] = {
+    "--model_dir": {"type": "str"}, "--meta_ckpt_dir": {"type": "str"}, "--tp_size": {"type": "int"},
+    "--pp_size": {"type": "int"}, "--dtype": {"type": "str", "choices": ["float32", "bfloat16", "float16"]},
+    "--vocab_size": {"type": "int"}, "--n_positions": {"type": "int"}, "--n_layer": {"type": "int"},
+    "--use_weight_only": {"type": "flag"}, "--calib_dataset": {"type": "str"}, "--smoothquant": {"type": "float"},
+    "--per_channel": {"type": "flag"}, "--per_token": {"type": "flag"}, "--int8_kv_cache": {"type": "flag"},
+    "--per_group": {"type": "flag"}, "--load_by_shard": {"type": "flag"}, "--hidden_act": {"type": "str"},
+    "--rotary_base": {"type": "float"}, "--group_size": {"type": "int"}, "--use_parallel_embedding": {"type": "flag"},
+    "--embedding_sharding_dim": {"type": "int", "choices": [0, 1]}, "--output_dir": {"type": "str"},
+    "--workers": {"type": "int"}, "--num_medusa_heads": {"type": "int"}, "--num_medusa_layers": {"type": "int"},
+    "--max_medusa_token_len": {"type": "int"}, "--medusa_hidden_act": {"type": "str"},
+    "--medusa_model_dir": {"type": "str"},
+}  # fmt: skip
+
+H = 576
+
+
+def write_heads(dest: Path, n: int = 3, hidden: int = H, vocab: int | None = None, seed: int = 0, scale: float = 0.02) -> Path:
+    """A Medusa head set in the layout TensorRT-LLM reads (vocab None: sharing the target's LM head)."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    t = {}
+    for h in range(n):
+        t[f"{h}.0.linear.weight"] = (torch.randn(hidden, hidden, generator=g) * scale).half()
+        t[f"{h}.0.linear.bias"] = torch.zeros(hidden).half()
+        if vocab is not None:
+            t[f"{h}.1.weight"] = (torch.randn(vocab, hidden, generator=g) * scale).half()
+    dest.mkdir(parents=True, exist_ok=True)
+    save_file(t, str(dest / medusa.TENSORS_FILE))
+    cfg = {"medusa_num_heads": n, "medusa_num_layers": 1, "hidden_size": hidden}
+    if vocab is None:
+        cfg["lm_head"] = medusa.SHARED_LM_HEAD
+    (dest / medusa.CONFIG_FILE).write_text(json.dumps(cfg))
+    return dest
+
+
+# ------------------------------------------------------------------------------------------ tree and config
+
+
+def test_tree_follows_medusa_choices_and_the_backend_format():
+    tree = medusa.Tree.from_choices([[0], [0, 0], [1], [0, 0, 0], [0, 1]])
+    assert tree.paths == ((0,), (1,), (0, 0), (0, 1), (0, 0, 0))
+    assert tree.parent == (-1, -1, 0, 0, 2) and tree.depth == (1, 1, 2, 2, 3) and tree.topk == (2, 2, 1)
+    assert tree.tokens([[10, 11], [20, 21], [30]]) == [10, 11, 20, 21, 30]
+    text = medusa.to_pbtxt(tree.paths)
+    assert text == "{0}, {1}, {0, 0}, {0, 1}, {0, 0, 0}"  # tensorrtllm_backend's csvStrToVecVecInt format
+    assert medusa.from_pbtxt(text) == [list(p) for p in tree.paths]
+    # the walk: the target's token after the root is 11 (node 1), then 99 (no child holds it)
+    assert medusa.accept(tree, [10, 11, 20, 21, 30], lambda row: {0: 11, 2: 99}[row]) == [1]
+    assert medusa.accept(tree, [10, 11, 20, 21, 30], lambda row: {0: 10, 1: 21, 4: 5}[row]) == [0, 3]
+    with pytest.raises(medusa.MedusaError, match="parent"):
+        medusa.Tree.from_choices([[0], [1, 0]])
+
+
+def _medusa_config(heads: Path, target: Path, **spec) -> dict:
+    return {
+        "name": "m", "engine": "reference", "device": "cpu",
+        "target": {"checkpoint": str(target), "dtype": "float32"},
+        "draft": {"checkpoint": str(heads), "dtype": "float32"},
+        "speculative": {"method": "medusa", **spec},
+    }
+
+
+def test_config_refuses_what_medusa_cannot_do(tmp_path):
+    heads, target = write_heads(tmp_path / "heads"), make_checkpoint(tmp_path / "t", SMOLLM2_135M)
+    parse_config(_medusa_config(heads, target))
+    with pytest.raises(ConfigError, match="max_draft_len"):
+        parse_config(_medusa_config(heads, target, max_draft_len=2, medusa_choices=[[0], [1], [0, 0]]))
+    with pytest.raises(ConfigError, match="draft_source"):
+        parse_config(_medusa_config(heads, target, draft_source="ngram"))
+    with pytest.raises(ConfigError, match="method medusa only"):
+        parse_config({**_medusa_config(heads, target), "speculative": {"method": "eagle3", "medusa_choices": [[0]]}})
+    # the LLM API parses MedusaDecodingConfig but its PyTorch backend does not run it: refused by name
+    with pytest.raises(ConfigError, match=r"medusa with engine: llmapi.*PyTorch backend does not run Medusa"):
+        parse_config({**_medusa_config(heads, target), "engine": "llmapi"})
+
+
+def test_a_head_set_for_another_target_is_refused_by_field(tmp_path):
+    from trtspec.checkpoint import check_medusa_heads, inspect_checkpoint
+
+    target = inspect_checkpoint(make_checkpoint(tmp_path / "t", SMOLLM2_135M))
+
+    def codes(heads: Path, choices=None, engine="reference") -> set[str]:
+        return {c for _, c, _ in check_medusa_heads(target, inspect_checkpoint(heads), choices, engine)}
+
+    assert codes(write_heads(tmp_path / "ok")) == set()
+    assert codes(write_heads(tmp_path / "wide", hidden=640)) == {"medusa-hidden-size"}
+    assert codes(write_heads(tmp_path / "vocab", vocab=32000)) == {"medusa-vocab"}
+    assert codes(write_heads(tmp_path / "ok"), [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]) == {"medusa-choices"}
+    assert codes(write_heads(tmp_path / "ok"), engine="tensorrt_llm") == {"medusa-lm-head"}  # NVIDIA needs its own
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    assert codes(tmp_path / "empty") == {"medusa-layout"}
+
+
+# ------------------------------------------------------------------------------------------ engine flow
+
+
+def test_engine_flow_plan_converts_with_the_heads_and_builds_medusa(tmp_path):
+    from trtspec.machine import synthetic_machine
+    from trtspec.pipeline.plan import make_plan
+    from trtspec.repository import generate_repository
+
+    # Llama-3.1-8B's architecture at a small size: the heads' LM heads are written out (TensorRT-LLM reads them)
+    small = {**LLAMA_31_8B, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 1024}
+    target = make_checkpoint(tmp_path / "Llama-3.1-8B-Instruct", small)
+    heads = write_heads(tmp_path / "heads", n=4, hidden=256, vocab=1024)
+    data = example_config("llama-3.1-8b_medusa_h100.yaml", {"target": target, "draft": heads})
+    for version in ("0.17.0", "0.19.0", "0.20.0", "1.0.0", "1.2.1"):
+        cfg = parse_config({**data, "tensorrt_llm_version": version}, source_dir=tmp_path)
+        plan = make_plan(cfg, tmp_path / "out", synthetic_machine("h100x1", tensorrt_llm_version=version), tools=TOOLS)
+        assert [s.name for s in plan.steps] == ["preflight", "convert-target", "build-target", "repository"]
+        assert not plan.preflight.errors, plan.preflight.errors
+        convert = plan.step("convert-target").argv
+        assert convert[1].endswith("examples/medusa/convert_checkpoint.py")
+        ns = check_argv(MEDUSA_CONVERT_FLAGS, convert[2:])
+        assert (ns.medusa_model_dir, ns.num_medusa_heads, ns.max_medusa_token_len) == (str(heads), 4, 8)
+        tool, args = tool_of(plan.step("build-target").argv)
+        ns = check_argv(TRTLLM_BUILD_FLAGS, args)
+        assert (ns.speculative_decoding_mode, ns.max_draft_len) == ("medusa", 8)
+        repo = generate_repository(cfg, tmp_path / f"repo-{version}", target_engine_dir=tmp_path / "engines" / "target",
+                                   trtllm_version=version)
+        text = (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+        assert not (repo / "tensorrt_llm_draft").exists()
+        params = _params(text)
+        assert params["decoding_mode"] == "medusa"
+        assert medusa.from_pbtxt(params["medusa_choices"]) == cfg.speculative.medusa_choices
+
+
+def _params(pbtxt: str) -> dict[str, str]:
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    config = text_format.Parse(pbtxt, mc.ModelConfig())
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+# ------------------------------------------------------------------------------------------ reference engine
+
+
+@pytest.fixture(scope="module")
+def engines(demo_pair, tmp_path_factory):
+    """The demo target alone, with the shipped demo heads (mostly accepted on chat) and with a random head set
+    (mostly rejected: the walk goes down rejected branches)."""
+    from trtspec.demo_pair import MEDUSA_ASSET_DIR
+    from trtspec.reference_engine import ReferenceEngine
+
+    noisy = write_heads(tmp_path_factory.mktemp("medusa") / "noisy", scale=0.05, seed=1)
+    plain = ReferenceEngine(demo_pair.target, device="cpu", dtype="float32", cache_entries=4)
+    return plain, {n: ReferenceEngine(demo_pair.target, device="cpu", dtype="float32", cache_entries=4,
+                                      medusa_heads=h) for n, h in (("demo", MEDUSA_ASSET_DIR), ("noisy", noisy))}
+
+
+CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+PROMPTS = [CHAT.format("What is the capital of France?"), CHAT.format("Write a haiku about the sea.")]
+
+
+def test_tree_verify_is_greedy_identical_and_keeps_only_the_accepted_path(engines, demo_pair):
+    import torch
+    from transformers import AutoTokenizer
+
+    from trtspec.reference_engine import EngineRequest
+
+    plain, with_heads = engines
+    tok = AutoTokenizer.from_pretrained(demo_pair.target)
+    accepted = 0
+    for text in PROMPTS:
+        prompt = tok(text, add_special_tokens=False)["input_ids"]
+        want = plain.run(EngineRequest(prompt, 24)).new_tokens
+        for name, engine in with_heads.items():
+            r = engine.run(EngineRequest(prompt, 24))
+            assert r.new_tokens == want, (name, text)
+            assert r.num_draft_tokens > 0
+            accepted += r.num_accepted
+            # the cache kept is the committed sequence but its last token, and its KV is what a plain prefill of
+            # those tokens computes: no position of a rejected branch is left in it
+            seq = r.tokens
+            cache, n = engine.cache.take(seq)
+            assert n == len(seq) - 1 and cache.get_seq_length() == len(seq) - 1
+            from trtspec.ragged import Segment
+            from trtspec.reference_engine.kv_cache import new_cache
+
+            fresh = Segment(new_cache(plain.model.config), seq[:-1], 0, 1)
+            plain.forward([fresh])
+            for a, b in zip(cache.layers, fresh.cache.layers):
+                assert torch.allclose(a.keys, b.keys, atol=1e-3) and torch.allclose(a.values, b.values, atol=1e-3)
+    assert accepted > 0  # the demo heads' proposals are taken
+
+
+def test_sampling_walk_and_stops(engines, demo_pair):
+    from trtspec.reference_engine import EngineRequest
+    from trtspec.speculative import SamplingParams
+
+    plain, with_heads = engines
+    engine = with_heads["demo"]
+    prompt = list(range(100, 120))
+    r = engine.run(EngineRequest(prompt, 12, sampling=SamplingParams(temperature=0.8, top_k=20), seed=3))
+    assert len(r.new_tokens) <= 12
+    # the end token ends the output unemitted; output_len is never exceeded, even mid-path
+    want = plain.run(EngineRequest(prompt, 12)).new_tokens
+    end = want[5]
+    r = engine.run(EngineRequest(prompt, 12, end_id=end))
+    assert r.new_tokens == want[: want.index(end)]
+    for n in (1, 2, 3, 7):
+        assert engine.run(EngineRequest(prompt, n)).new_tokens == want[:n]
+
+
+# ------------------------------------------------------------------------------------------ real Triton
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, demo_pair):
+    from trtspec.repository import generate_repository
+    from trtspec.server import ServerOptions, create_server
+
+    cfg = parse_config(
+        {
+            "name": "test-medusa", "engine": "reference", "device": "cpu",
+            "target": {"checkpoint": "demo:target", "dtype": "float32"},
+            "draft": {"checkpoint": "demo:medusa", "dtype": "float32"},
+            "speculative": {"method": "medusa", "max_draft_len": 8, "medusa_choices": [[0], [0, 0], [1], [0, 0, 0]]},
+            "limits": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 320},
+            "triton": {"speculative_instance_count": 2},
+        }
+    )
+    repo = generate_repository(cfg, tmp_path_factory.mktemp("repo") / "model_repository")
+    assert not (repo / "tensorrt_llm_draft").exists()  # the heads speculate inside the target engine
+    with create_server(ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto")) as s:
+        s.wait_ready(300)
+        yield s
+
+
+@pytest.mark.slow
+def test_served_greedy_identical_to_target_only_alone_and_concurrent(server, engines, demo_pair):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transformers import AutoTokenizer
+
+    from trtspec.client import Client
+    from trtspec.reference_engine import EngineRequest
+
+    plain, _ = engines
+    tok = AutoTokenizer.from_pretrained(demo_pair.target)
+    end = tok.convert_tokens_to_ids("<|im_end|>")  # the end token the text endpoint sends
+    want = [plain.run(EngineRequest(tok(p, add_special_tokens=False)["input_ids"], 24, end_id=end)).new_tokens
+            for p in PROMPTS]
+    client = Client(server.endpoints.http_address, "http", "ensemble")
+    alone = [client.generate(p, 24) for p in PROMPTS]
+    streamed = [client.generate(p, 24, stream=True) for p in PROMPTS]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda p: client.generate(p, 24), PROMPTS * 2))
+    for gens in (alone, streamed, together[:2], together[2:]):
+        assert [g.token_ids for g in gens] == want
+    # the statistics are the engine's own: per tree step the tree's depth (3) proposed, the accepted path kept
+    for g in alone:
+        s = g.stats
+        assert s.total_draft_tokens > 0 and s.total_draft_tokens % 3 == 0
+        assert 0 <= s.total_accepted_draft_tokens <= s.total_draft_tokens
