@@ -269,8 +269,8 @@ def test_log_probs_under_a_guide_are_of_the_masked_distribution(pair):
     guide = json.dumps(SCHEMA)
     kw = dict(prompt=prompt, max_tokens=14, end_id=tok.eos_token_id, guided_decoding_guide_type="json_schema",
               guided_decoding_guide=guide, return_log_probs=True, top_log_probs=4)
-    for loop, extra in ((SpeculativeLoop(_settings(info, 49152, draft_disabled=True), _call(engines)), {}),
-                        (SpeculativeLoop(_settings(info, 49152), _call(engines)),
+    for loop, extra in ((SpeculativeLoop(_settings(info, 49152, draft_disabled=True), engine_call(engines)), {}),
+                        (SpeculativeLoop(_settings(info, 49152), engine_call(engines)),
                          dict(num_draft_tokens=4, draft_source="model", draft_length_policy="fixed"))):
         chunks = list(loop.run(LoopRequest(**kw, **extra)))
         new = [t for c in chunks for t in c.new_tokens]

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from conftest import loop_settings
+from conftest import engine_call, loop_settings
 
 xgr = pytest.importorskip("xgrammar")
 
 from trtspec import guided  # noqa: E402
 from trtspec.loop import LoopRequest, SpeculativeLoop  # noqa: E402
-from trtspec.reference_engine import EngineRequest, ReferenceEngine, request_from_tensors, result_tensors  # noqa: E402
+from trtspec.reference_engine import EngineRequest, ReferenceEngine  # noqa: E402
 from trtspec.speculative import SamplingParams, probabilities  # noqa: E402
 
 # token i is this text (raw vocabulary); 1 is the tiny models' eos, the tokenizer info's stop token
@@ -44,17 +44,10 @@ def tiny(tiny_target, tiny_draft, tmp_path_factory):
     torch.set_num_threads(threads)
 
 
-def _call(engines):
-    def call(model, t, wanted):
-        return result_tensors(engines[model].run(request_from_tensors(t.get)), t.get)
-
-    return call
-
-
 def _loop(engines, info):
     s = loop_settings(max_draft_len=4)
     return SpeculativeLoop(s.model_copy(update={"guided": guided.GuidedSettings(tokenizer_info=info, vocab_size=len(VOCAB))}),
-                           _call(engines))
+                           engine_call(engines))
 
 
 def _masked(logits, allowed):

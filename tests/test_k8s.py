@@ -29,6 +29,8 @@ GPU_EXAMPLES = {
     # EAGLE-3 head and MTP layers draft inside the target's forward
     "llama-3.1-8b_eagle3_h100_llmapi.yaml": ("h100x8", 1, "NVIDIA-H100-80GB-HBM3"),
     "deepseek-v3_mtp_h200_llmapi.yaml": ("h200x8", 8, "NVIDIA-H200"),
+    # Medusa heads inside the target's engine: no draft GPU
+    "llama-3.1-8b_medusa_h100.yaml": ("h100x8", 1, "NVIDIA-H100-80GB-HBM3"),
 }
 
 

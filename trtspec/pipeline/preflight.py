@@ -37,6 +37,7 @@ from trtspec.checkpoint import (
 from trtspec.config import BuildConfig, EngineKind, ModelConfig, plan_max_num_tokens
 from trtspec.contract.nvidia import ENGINE_FLOW_RANGE
 from trtspec.machine import Machine, disk_free
+from trtspec.methods import in_engine
 
 Level = Literal["error", "warning"]
 
@@ -177,8 +178,9 @@ def plan_placement(cfg: BuildConfig, n_gpus: int) -> dict[str, list[int]]:
     t = cfg.target
     placement = {"target": list(t.gpu_device_ids) if t.gpu_device_ids is not None else list(range(t.world_size))}
     d = cfg.draft
-    if d is not None and cfg.engine is EngineKind.llmapi:
-        placement["draft"] = placement["target"][:1]  # DraftTarget: the draft runs inside the target's LLM
+    if d is not None and (cfg.engine is EngineKind.llmapi or in_engine(cfg.speculative.method)):
+        # DraftTarget: the draft runs inside the target's LLM; Medusa: its heads are part of the target's engine
+        placement["draft"] = placement["target"][:1]
     elif d is not None:
         if d.gpu_device_ids is not None:
             placement["draft"] = list(d.gpu_device_ids)
