@@ -54,8 +54,8 @@ class _Live:
 class _Engine:
     """One engine's in-flight batch: steps run back to back while there is work; new work joins the next step."""
 
-    def __init__(self, name: str, step: Callable[[int, int], float], max_batch: int):
-        self.name, self.step, self.max_batch = name, step, max_batch
+    def __init__(self, step: Callable[[int, int], float], max_batch: int):
+        self.step, self.max_batch = step, max_batch
         self.waiting: list[_Work] = []
         self.running: list[_Work] = []
         self.busy = False
@@ -103,8 +103,8 @@ def simulate_overlapped(
     sources = ("model",) if policy.k else ()
     pol = RequestPolicy(max_tokens=max_tokens, num_draft_tokens=policy.k, adaptive=policy.adaptive,
                         selection="model", stream=stream)
-    target = _Engine("target", lambda rows, tokens: costs.target_step(rows, tokens, 0), max_batch)
-    drafter = _Engine("draft", lambda rows, tokens: costs.draft_step(rows, tokens, 0), max_batch)
+    target = _Engine(lambda rows, tokens: costs.target_step(rows, tokens, 0), max_batch)
+    drafter = _Engine(lambda rows, tokens: costs.draft_step(rows, tokens, 0), max_batch)
     events: list[tuple[float, int, str, object]] = []
     order = itertools.count()
     active: list[_Live] = []
@@ -162,21 +162,10 @@ def simulate_overlapped(
         r, plan = live.r, live.plan
         verify_s = now - live.started - (live.draft_s or 0.0)
         remaining = r.max_tokens - (len(r.seq) - r.prompt)
-        pos = len(r.seq)
-        if live.draft:
-            accepted = next((i for i, t in enumerate(live.draft) if t != r.truth[pos + i]), len(live.draft))
-            new = r.truth[pos: pos + accepted + 1]
-            result.drafted += 1
-            result.draft_tokens += len(live.draft)
-            result.accepted += accepted
-        else:
-            new = r.truth[pos: pos + min(plan.plain, remaining)]
-        result.iterations += 1
-        result.k_counts += [0] * (len(live.draft) + 1 - len(result.k_counts))
-        result.k_counts[len(live.draft)] += 1
+        new, accepted = r.answer(live.draft, min(plan.plain, remaining))
         added = new[:remaining]
         r.seq += added
-        result.tokens += len(added)
+        result.count(live.draft, accepted, len(added))
         r.planner.outcome(plan, len(active), live.draft, new, verify_s, live.draft_s, r.seq, len(added), r.propose,
                           draft_batch=live.draft_batch, step_tokens=live.step_tokens)
         live.first = False

@@ -137,22 +137,11 @@ def simulate(
             c.steps -= 0 if c.prefill else 1
             if c.steps > 0:
                 continue
-            result.iterations += 1
             remaining = r.max_tokens - (len(r.seq) - r.prompt)
-            pos = len(r.seq)
-            if c.draft:
-                accepted = next((i for i, t in enumerate(c.draft) if t != r.truth[pos + i]), len(c.draft))
-                new = r.truth[pos: pos + accepted + 1]
-                result.drafted += 1
-                result.draft_tokens += len(c.draft)
-                result.accepted += accepted
-            else:
-                new = r.truth[pos: pos + c.plan.plain]
-            result.k_counts += [0] * (len(c.draft) + 1 - len(result.k_counts))
-            result.k_counts[len(c.draft)] += 1
+            new, accepted = r.answer(c.draft, c.plan.plain)
             added = new[:remaining]
             r.seq += added
-            result.tokens += len(added)
+            result.count(c.draft, accepted, len(added))
             r.planner.outcome(c.plan, c.load, c.draft, new, c.verify_s, c.draft_s, r.seq, len(added), r.propose,
                               draft_batch=c.batch, step_tokens=c.tokens,
                               draft_missed=c.catchup)

@@ -86,6 +86,17 @@ class CellResult:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
 
+    def count(self, draft: Sequence[int], accepted: int, added: int) -> None:
+        """One iteration that verified `draft` (empty: a plain call), `accepted` of it, and kept `added` tokens."""
+        self.iterations += 1
+        if draft:
+            self.drafted += 1
+            self.draft_tokens += len(draft)
+            self.accepted += accepted
+        self.k_counts += [0] * (len(draft) + 1 - len(self.k_counts))
+        self.k_counts[len(draft)] += 1
+        self.tokens += added
+
     def to_dict(self) -> dict:
         return {
             "policy": self.policy, "concurrency": self.concurrency, "profile": self.profile, "tokens": self.tokens,
@@ -116,6 +127,15 @@ class SyntheticRequest:
                 out += self.rng.integers(0, VOCAB, k - i - 1).tolist()
                 break
         return out
+
+    def answer(self, draft: Sequence[int], plain: int) -> tuple[list[int], int]:
+        """The target's answer to a call verifying `draft` (empty: a plain call of `plain` tokens) after the running
+        sequence, and how many of the draft it accepted."""
+        pos = len(self.seq)
+        if not draft:
+            return self.truth[pos: pos + plain], 0
+        accepted = next((i for i, t in enumerate(draft) if t != self.truth[pos + i]), len(draft))
+        return self.truth[pos: pos + accepted + 1], accepted
 
     def propose(self, source: str, seq: Sequence[int], k: int) -> Proposal:
         return Proposal(list(self.next)) if source == "model" else Proposal([])
