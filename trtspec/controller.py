@@ -204,6 +204,9 @@ class GoodputController:
         return rows if load_key(load) == ALONE else [max(r, per_row * k) for k, r in enumerate(rows)]
 
     def request_cost(self, near: int | None = None) -> float:
+        return self.est.memo(('request_cost', near), lambda: self._request_cost(near))
+
+    def _request_cost(self, near: int | None = None) -> float:
         """Seconds one more request in flight adds to a plain step: between the lightest and heaviest measured
         loads, or `near` a load (the slope through the plain steps measured from half to twice it, where at least
         two were; else the former). 0: fewer than two loads measured."""

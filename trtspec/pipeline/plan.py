@@ -276,15 +276,10 @@ def medusa_convert_argv(tools: Tools, model_dir: Path, heads_dir: Path, out: Pat
     """Target + Medusa heads -> one TensorRT-LLM checkpoint (MedusaForCausalLM) with NVIDIA's
     examples/medusa/convert_checkpoint.py (its --dtype has no auto: the model's dtype is written out)."""
     return [
-        tools.python, str(tools.medusa_convert_script()),
-        "--model_dir", str(model_dir),
+        tools.python, str(tools.medusa_convert_script()), *_conversion_args(model_dir, out, m),
         "--medusa_model_dir", str(heads_dir),
         "--num_medusa_heads", str(num_heads),
         "--max_medusa_token_len", str(max_draft_len),
-        "--output_dir", str(out),
-        "--dtype", m.dtype,
-        "--tp_size", str(m.tp_size),
-        "--pp_size", str(m.pp_size),
     ]  # fmt: skip
 
 
