@@ -121,7 +121,8 @@ class AdaptivePolicy(_Strict):
         "which the controller tries it once more (a probe), so it comes back when acceptance or load changes")
     prior_drafts: Annotated[float, Field(ge=0.0)] = Field(
         default=4.0, description="drafts' worth of pessimistic prior (acceptance 0) a fresh deployment starts "
-        "from: it starts at k = 0 and drafts once probes show drafting pays")
+        "from: it starts at k = 0 and drafts once probes show drafting pays; the prior's weight fades as drafts "
+        "are seen (prior_drafts * min(1, prior_drafts / drafts seen))")
     request_weight: Annotated[float, Field(ge=0.0)] = Field(
         default=8.0, description="how many of a request's own drafts weigh as much as the deployment's "
         "acceptance estimate (its own history takes over as it grows)")

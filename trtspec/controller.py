@@ -82,7 +82,9 @@ class GoodputController:
         if shared:  # the deployment's alone
             own_acc, own_seen = [0.0] * positions, [0.0] * positions
         for i in range(positions):
-            shared = (shared_acc[i] + st.prior_drafts * prior) / (shared_seen[i] + st.prior_drafts)
+            # the pessimistic prior is a fresh deployment's: its weight fades as drafts reach the position
+            weight = st.prior_drafts * min(1.0, st.prior_drafts / max(shared_seen[i], 1e-9))
+            shared = (shared_acc[i] + weight * prior) / (shared_seen[i] + weight)
             a = (own_acc[i] + st.request_weight * shared) / (own_seen[i] + st.request_weight)
             prior = a
             if optimistic:
@@ -324,6 +326,16 @@ class GoodputController:
         catchup = c * max(0, missed - 2)  # the request's own prefill: work of its own, not shared
         return [0.0] + [a * k / b + catchup for k in range(1, kmax + 1)]
 
+    def marginal_draft_costs(self, kmax: int, load: int, rates: tuple[float, float]) -> list[float]:
+        """What one more request drafting k = 0..kmax adds to a batched draft-model call of `load` requests: the
+        call's time per position (rates[0]) times the share one more request adds to a step there, read off the
+        target's plain steps (request_cost near the load over the plain step: both engines run on one device,
+        memory-bound or not alike). At most the request's share of the call (draft_costs)."""
+        n = load_key(load)
+        step = self.plain_step(n)
+        per_request = min(self.request_cost(n) / step, 1.0 / n) if step else 1.0 / n
+        return [rates[0] * k * per_request for k in range(kmax + 1)]
+
     def draft_cost(self, source: str, k: int, load: int, missed: int = 0) -> float | None:
         if k == 0 or not _needs_draft_model(source):
             return 0.0  # prompt lookup runs in the loop's process: no engine step
@@ -361,44 +373,82 @@ class GoodputController:
             rows = [max(v - verify[0], 0.0) for v in verify]
         share = verify[0] / n
         best, best_value = Choice(None, 0), 1.0 / max(share, 1e-9)
-        draft: list[float] | None = None
         for source, cap in candidates.items():
             if cap <= 0:
                 continue
-            catchup = 0.0
+            draft, marginal, catchup = [0.0] * (kmax + 1), [0.0] * (kmax + 1), 0.0
             if _needs_draft_model(source):
                 rates = self.draft_rates(load_key(load) if self.batched() else ALONE)
                 if rates is None:
                     continue  # unmeasured: a probe measures it
-                draft = draft or self.draft_costs(kmax, load, rates=rates)
+                draft = self.draft_costs(kmax, load, rates=rates)
+                marginal = self.marginal_draft_costs(kmax, load, rates) if n != ALONE and self.batched() else draft
                 catchup = rates[1] * max(0, missed - 2)
-            def values(acceptance: list[float]) -> list[float]:
+
+            def values(acceptance: list[float], draft: list[float], catchup: float,
+                       over: int | float | None = remaining) -> list[float]:
+                """Expected tokens per second by k; the catch-up spread over the iterations of `over` tokens."""
                 out, expected, p = [1.0 / max(share, 1e-9)], 0.0, 1.0
                 for k, a in enumerate(acceptance, start=1):
                     p *= a
                     expected += p
-                    iterations = max(1.0, (remaining or 0) / (1.0 + expected))
-                    cost = share + rows[k] + (draft[k] + catchup / iterations if _needs_draft_model(source) else 0.0)
-                    out.append((1.0 + expected) / max(cost, 1e-9))
+                    iterations = max(1.0, (over or 0) / (1.0 + expected))
+                    out.append((1.0 + expected) / max(share + rows[k] + draft[k] + catchup / iterations, 1e-9))
                 return out
 
             if n == ALONE:
-                own = values(self.acceptance(source, cap, optimistic=True))
+                own = values(self.acceptance(source, cap, optimistic=True), draft, catchup)
                 k = int(np.argmax(own))
             else:
                 # Shared, the requests draft alike: the draft engine's call runs as many steps as its longest draft,
                 # so a request drafting more than the others lengthens it for all, and one drafting fewer does not
                 # shorten it. The deployment's k at this load is chosen from its own estimate (every request finds
-                # the same), and each request takes it, or a plain step where its own acceptance says so. Half the
-                # requests drafting costs the rest the draft engine's call too, so a gain within the estimates' noise
-                # is not taken: acceptance as estimated (not optimistic; probes explore), and a margin.
-                own = values(self.acceptance(source, cap))
-                together = values(self.acceptance(source, cap, shared=True))
+                # the same), and each request takes it, or a plain step where its own acceptance and catch-up say
+                # so. Half the requests drafting costs the rest the draft engine's call too, so a
+                # gain within the estimates' noise is not taken to start drafting: acceptance as estimated (not
+                # optimistic; probes explore), and a margin.
+                steady = self.steady_catchup() if self.batched() and _needs_draft_model(source) else None
+                if steady is None:  # unbatched (a CPU's), each request's call is its own: its own catch-up
+                    together = values(self.acceptance(source, cap, shared=True), draft, catchup)
+                else:  # the deployment's: every request's prompt, over a request's life (the same for all)
+                    together = values(self.acceptance(source, cap, shared=True), draft, rates[1] * steady[0], steady[1])
                 k = int(np.argmax(together))
-                k = k if together[k] > (1 + SHARED_MARGIN) * together[0] and own[k] > own[0] else 0
+                # the margin is to start drafting; once a batching deployment drafts, it goes on while drafting pays
+                # at all, so that the estimates' noise around the margin does not switch it on and off (unbatched, a
+                # CPU's, each request's call is its own: the margin stays)
+                drafting = self.batched() and self._drafting_now(source, verify[0])
+                margin = 0.0 if drafting else SHARED_MARGIN
+                k = k if together[k] > (1 + margin) * together[0] else 0
+                # Once the deployment drafts, a batched draft call runs for the others whether or not this request
+                # is in it: the request weighs what it adds to that call (its row, its catch-up), not a share of it.
+                # Otherwise a request that joined with a prompt to catch up on would stay out, waiting for the
+                # others' calls all the same, and the steps would mix drafting and plain requests, the worst of both.
+                own = values(self.acceptance(source, cap), marginal, catchup)
+                k = k if own[k] > own[0] else 0
             if k and own[k] > best_value:
                 best, best_value = Choice(source, k), own[k]
         return best
+
+    def request_arrived(self, prompt: int, budget: int) -> None:
+        """A request's first iteration: `prompt` tokens, at most `budget` to generate. Their means over the recent
+        arrivals price what drafting costs the deployment in the steady state: the draft model prefills every
+        request's prompt once, over its life."""
+        est = self.est
+        with est.locked():
+            est.arrivals *= self.settings.acceptance_decay
+            est.arrivals += (prompt, budget, 1.0)
+
+    def steady_catchup(self) -> tuple[float, float] | None:
+        """(tokens the draft model catches up on per request beyond the usual 2, tokens a request generates) over
+        the recent arrivals; None before any."""
+        prompt, budget, count = self.est.arrivals.tolist()
+        return (max(prompt / count - 2, 0.0), budget / count) if count > 0 else None
+
+    def _drafting_now(self, source: str, step: float) -> bool:
+        """Whether the deployment drafted from `source` within its last two steps of `step` seconds (its clock
+        runs in the deployment's seconds)."""
+        est = self.est
+        return float(est.clock[0] - est.last_drafted[ESTIMATE_KEYS.index(source)]) <= 2 * step
 
     def _probe_due(self, source: str, load: int) -> bool:
         """A probe of `source` is due once the deployment has run, since the source last drafted (or was learnt),

@@ -35,6 +35,7 @@ def _layout() -> dict[str, tuple[int, ...]]:
         "clock": (1,),  # the deployment's time: every call's seconds shared by the requests in flight
         "drafting": (2,),  # requests in draft-model calls now, and the tokens those calls catch up on
         "last_drafted": (s,),  # the clock when source s last drafted, or its acceptance was learnt otherwise
+        "arrivals": (3,),  # requests as they arrive (decayed sums): prompt tokens, tokens they may generate, count
         "probe_backoff": (s,),  # the probe interval's multiple for source s (0: 1): doubles as its probes fail
     }
 

@@ -116,6 +116,8 @@ class Planner:
         ]
         missed = len(seq) - self.draft_seen
         source, key, n, tokens, probe = None, None, 0, None, False
+        if pol.adaptive and not self.stats.num_iterations and not self.in_target:
+            self.controller.request_arrived(len(seq), remaining)
         if pol.adaptive and usable:
             # sources that need no engine call propose first, at no cost: a proposal bounds their k
             free = {s: propose(s, seq, k) for s in usable if self._free(s)}

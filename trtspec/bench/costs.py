@@ -9,42 +9,20 @@ prompt) over `context` cached tokens in all. Two kinds:
   large ones, where every row costs.
 - `MeasuredCosts`: from `trtspec bench-engine --json` of the target (and of the draft): a CPU's, or a GPU's where
   one was at hand; rows and tokens interpolated between the measured batch and verify steps.
+- `GridCosts`: from `scripts/gpu_step_costs.py` on a GPU: the model shapes' steps as CUDA graphs measured over a
+  grid of rows x tokens per row (and two contexts), the target, the draft model and an EAGLE-3 head in one file.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from trtspec.bench.shapes import GPU_PEAKS, KNOWN_SHAPES
 from trtspec.checkpoint import CheckpointInfo, _params_from_config
-
-# Memory bandwidth (bytes/s) and dense bf16 peak (FLOP/s) of the GPUs trtspec knows (trtspec.machine.KNOWN_GPUS),
-# from NVIDIA's data sheets (SXM parts).
-GPU_PEAKS: dict[str, tuple[float, float]] = {
-    "h100": (3.35e12, 989e12),
-    "h200": (4.8e12, 989e12),
-    "a100": (2.04e12, 312e12),
-    "l40s": (0.864e12, 362e12),
-    "a10g": (0.6e12, 70e12),
-    "b200": (8.0e12, 2250e12),
-    "rtx4090": (1.008e12, 165e12),
-}
-
-# Public configs (config.json fields) of models the example build configs name, for a simulation without the
-# checkpoints at hand.
-KNOWN_SHAPES: dict[str, dict[str, Any]] = {
-    "llama-3.1-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                         intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False),
-    "llama-3.2-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                         intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True),
-    "llama-3.1-70b": dict(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
-                          intermediate_size=28672, vocab_size=128256, tie_word_embeddings=False),
-    "smollm2-135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                         intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True),
-}
-
 
 class Costs(Protocol):
     name: str
@@ -222,4 +200,152 @@ class MeasuredCosts:
                 out.append(f"{role} {c.label}: step {c.batch_s[1] * 1e3:.1f} ms; rows " + ", ".join(
                     f"{m}: {s * 1e3:.1f}" for m, s in sorted(c.batch_s.items())) + " ms; verify " + ", ".join(
                     f"{n}: {s * 1e3:.1f}" for n, s in sorted(c.verify_s.items())) + " ms")
+        return out
+
+
+def _envelope(points: list[tuple[int, float]]) -> dict[int, float]:
+    """The steps no step of more tokens undercuts (time by tokens, non-decreasing): between them a step of fewer
+    tokens costs no more than the cheapest of more. A step dearer than one of more tokens is left out, so that it
+    does not make a cliff between its neighbours."""
+    best: dict[int, float] = {}
+    for tokens, ms in points:
+        best[tokens] = min(ms, best.get(tokens, ms))
+    out, floor = {}, math.inf
+    for tokens in sorted(best, reverse=True):
+        if best[tokens] < floor:
+            out[tokens] = floor = best[tokens]
+    return out
+
+
+@dataclass(frozen=True)
+class StepGrid:
+    """One model's measured steps (ms) by (rows, tokens per row) at `context` cached tokens per row, and what one
+    more cached token of a row adds by (rows, tokens per row), from the cells measured at a longer context."""
+
+    cells: dict[tuple[int, int], float]
+    context: int
+    per_cached_token: dict[tuple[int, int], float]
+
+    @classmethod
+    def from_steps(cls, steps: list[dict], model: str, attention: str = "unmasked") -> "StepGrid":
+        """`attention`: which of a multi-token row's two timings to take where both were measured (masked:
+        torch's memory-efficient kernel with the causal mask; unmasked: the flash kernel, the same FLOPs)."""
+        mine = [s for s in steps if s["model"] == model and s.get("graph", True)]
+        if any(s.get("attention") == attention for s in mine):
+            mine = [s for s in mine if s["tokens"] == 1 or s.get("attention") == attention]
+        if not mine:
+            raise ValueError(f"no {model!r} steps in the file")
+        base = min(s["context"] for s in mine)
+        cells = {(s["rows"], s["tokens"]): s["ms"] for s in mine if s["context"] == base}
+        per_token = {}
+        for s in mine:
+            key = (s["rows"], s["tokens"])
+            if s["context"] > base and key in cells:
+                per_token[key] = max(s["ms"] - cells[key], 0.0) / (s["rows"] * (s["context"] - base))
+        return cls(cells, base, per_token)
+
+    def _at_rows(self, rows: int, tokens: float) -> float:
+        """Interpolated along the tokens measured at this row count (a measured count); past the most measured
+        there, the most (what more tokens add comes from the envelope over every row count)."""
+        points = self._points(rows)
+        return _interp(points, min(tokens, max(points)))
+
+    def _points(self, rows: int) -> dict[int, float]:
+        return {r * t: ms for (r, t), ms in self.cells.items() if r == rows}
+
+    def ms(self, rows: int, tokens: int, context: int) -> float:
+        """A step of `rows` rows holding `tokens` tokens in all over `context` cached tokens in all."""
+        measured = sorted({r for r, _ in self.cells})
+        rows = max(rows, 1)
+        lo = max([r for r in measured if r <= rows], default=measured[0])
+        hi = min([r for r in measured if r >= rows], default=measured[-1])
+        tokens = max(tokens, rows)
+        per_row = tokens / rows  # between measured row counts, at as many tokens a row
+        at_lo, at_hi = self._at_rows(lo, lo * per_row), self._at_rows(hi, hi * per_row)
+        grid = at_lo if lo == hi else at_lo + (at_hi - at_lo) * (rows - lo) / (hi - lo)
+        if per_row > min(max(self._points(lo)) / lo, max(self._points(hi)) / hi):
+            # a prefill chunk holds more tokens than the rows measured: at least what as many tokens cost anywhere,
+            # and past the most measured, what each more token adds to a long row's step (compute-bound there)
+            envelope = _envelope([(r * t, ms) for (r, t), ms in self.cells.items()])
+            most = max(envelope)
+            grid = max(grid, _interp(envelope, tokens) if tokens <= most
+                       else envelope[most] + self.per_token_ms() * (tokens - most))
+        return grid + self._kv(rows, tokens, context)
+
+    def per_token_ms(self) -> float:
+        """What one more token adds to a step where arithmetic bounds it: between the two longest one-row steps
+        measured (a prompt's prefill), else the two heaviest steps by their tokens."""
+        rows = sorted(((r * t, ms) for (r, t), ms in self.cells.items() if r == 1), reverse=True)
+        if len(rows) < 2 or rows[0][0] < 128:
+            rows = sorted(((r * t, ms) for (r, t), ms in self.cells.items()), reverse=True)
+        (t1, m1), (t0, m0) = rows[0], next(p for p in rows[1:] if p[0] < rows[0][0])
+        return max((m1 - m0) / (t1 - t0), 0.0)
+
+    def _kv(self, rows: int, tokens: int, context: int) -> float:
+        """What the cached tokens beyond (or short of) the measured context add: the measured per-token cost of
+        the nearest measured row count and tokens per row (none measured: nothing)."""
+        if not self.per_cached_token:
+            return 0.0
+        per_row = tokens / rows
+        key = min(self.per_cached_token, key=lambda k: (abs(math.log2(k[0] / rows)), abs(k[1] - per_row)))
+        return self.per_cached_token[key] * (context - rows * self.context)
+
+
+@dataclass(frozen=True)
+class GridCosts:
+    """Steps measured on a GPU by `scripts/gpu_step_costs.py` (one JSON: the target, the draft model and an
+    EAGLE-3 head, each as CUDA graphs)."""
+
+    label: str
+    target: StepGrid
+    draft: StepGrid | None
+    head: StepGrid | None
+    ceilings: dict[str, float]
+
+    @classmethod
+    def from_file(cls, path: Path, attention: str = "unmasked") -> "GridCosts":
+        """`attention`: a verify row's attention as the flash kernel ran it (unmasked, the default: what a kernel
+        made for verify rows, TensorRT-LLM's, costs at least) or torch's masked kernel (masked: at most)."""
+        data = json.loads(Path(path).read_text())
+        models = {s["model"] for s in data["steps"]}
+        grid = lambda name: StepGrid.from_steps(data["steps"], name, attention) if name in models else None  # noqa: E731
+        return cls(f"{data['device']}, {data['dtype']}: {data['target']}" + (f" + {data['draft']}" if "draft" in models else "")
+                   + f", verify attention {attention}", grid("target"), grid("draft"), grid("eagle3_head"), data.get("ceilings", {}))
+
+    @staticmethod
+    def is_grid(path: Path) -> bool:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(data, dict) and "steps" in data and "ceilings" in data
+
+    @property
+    def name(self) -> str:
+        return f"measured on {self.label}"
+
+    def target_step(self, rows: int, tokens: int, context: int) -> float:
+        return self.target.ms(rows, tokens, context) / 1e3
+
+    def draft_step(self, rows: int, tokens: int, context: int) -> float:
+        if self.draft is None:
+            raise ValueError("the file has no draft-model steps")
+        return self.draft.ms(rows, tokens, context) / 1e3
+
+    def head_step(self, rows: int) -> float:
+        if self.head is None:
+            raise ValueError("the file has no EAGLE-3 head steps")
+        return self.head.ms(rows, rows, rows * self.head.context) / 1e3
+
+    def assumptions(self) -> list[str]:
+        c = self.ceilings
+        out = [f"{self.label}; ceilings measured: copy {c.get('copy_tb_s', 0):.2f} TB/s, bf16 "
+               f"{c.get('bf16_tflop_s', 0):.0f} TFLOP/s" if c else self.label]
+        for role, g in (("target", self.target), ("draft", self.draft), ("EAGLE-3 head", self.head)):
+            if g is not None:
+                out.append(f"{role}: one row {g.cells[(1, 1)]:.2f} ms, " + ", ".join(
+                    f"{r} rows {g.cells[(r, 1)]:.2f}" for r in (16, 64, 256) if (r, 1) in g.cells)
+                    + f" ms (one token each, {g.context} cached per row)")
+        if self.draft is not None and not self.draft.per_cached_token:
+            out.append("the draft's steps at the measured context alone (its KV reads do not grow with context)")
         return out

@@ -23,7 +23,9 @@ Cost models (--costs):
                      the model shapes of --target / --draft (known names or checkpoint directories);
                      the assumptions are printed
   PATH.json          `trtspec bench-engine --json` of the target, with --draft-costs for the draft's:
-                     this CPU, or a GPU where one was at hand
+                     this CPU, or a GPU where one was at hand; or the JSON of scripts/gpu_step_costs.py
+                     (a GPU's steps as CUDA graphs, target, draft and EAGLE-3 head in one file; an H100's
+                     is docs/benchmarks/data/gpu-h100/steps.json)
 
 \b
 Engines (--engines):
@@ -40,6 +42,7 @@ Examples:
   trtspec simulate --concurrency 1,4,16,64,ramp:256 --profiles drop
   trtspec simulate --costs target.json --draft-costs draft.json --concurrency 1,4,8
   trtspec simulate --method eagle3 --target llama-3.1-8b
+  trtspec simulate --costs docs/benchmarks/data/gpu-h100/steps.json --method eagle3
   trtspec simulate --costs target.json --draft-costs draft.json --engines overlapped --prompt 60 \\
       --max-tokens 32 --acceptance 0.6,0.55,0.5,0.45 --concurrency 1,4,8 --fixed-k 1,2,4
 """
@@ -79,7 +82,7 @@ Examples:
 def command(costs: str, draft_costs: Path | None, target: str, draft: str, method: str, concurrency: str,
             profiles: str, acceptance: str | None, engines: str, call_ms: float, fixed_k: str, max_draft: int, requests: int, max_tokens: int, prompt: int, seed: int,
             json_path: Path | None, plot_path: Path | None) -> None:
-    from trtspec.bench.costs import GPU_PEAKS, EngineCurve, GpuCosts, MeasuredCosts, Shape
+    from trtspec.bench.costs import GPU_PEAKS, EngineCurve, GpuCosts, GridCosts, MeasuredCosts, Shape
     from trtspec.bench.simulate import run_matrix
     from trtspec.bench.workload import PROFILES, Acceptance
     from trtspec.checkpoint import CheckpointError, inspect_checkpoint
@@ -114,9 +117,14 @@ def command(costs: str, draft_costs: Path | None, target: str, draft: str, metho
         if gpu not in GPU_PEAKS:
             raise click.BadParameter(f"unknown GPU {gpu!r}; known: {', '.join(GPU_PEAKS)}", param_hint="--costs")
         model = GpuCosts(gpu, shape(target), None if in_engine else shape(draft))
+    elif not Path(costs).is_file():
+        raise click.BadParameter(f"{costs}: no such file (gpu:NAME or a bench-engine JSON)", param_hint="--costs")
+    elif GridCosts.is_grid(Path(costs)):
+        model = GridCosts.from_file(Path(costs))
+        if (model.head if in_engine else model.draft) is None:
+            raise click.BadParameter(f"{costs} has no {'EAGLE-3 head' if in_engine else 'draft-model'} steps",
+                                     param_hint="--costs")
     else:
-        if not Path(costs).is_file():
-            raise click.BadParameter(f"{costs}: no such file (gpu:NAME or a bench-engine JSON)", param_hint="--costs")
         if not in_engine and draft_costs is None:
             raise click.UsageError("--costs PATH.json with method draft_model needs --draft-costs (the draft's JSON)")
         model = MeasuredCosts(EngineCurve.from_bench_engine(Path(costs)),
