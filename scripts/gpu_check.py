@@ -141,7 +141,7 @@ def logits(root: Path, device: str, dtypes: str, out: Path) -> int:
     between its best two tokens (a difference above that margin flips a greedy token)."""
     import torch
 
-    from trtspec.ragged import Segment
+    from trtspec.reference_engine.ragged import Segment
     from trtspec.reference_engine import ReferenceEngine
     from trtspec.reference_engine.kv_cache import new_cache
 

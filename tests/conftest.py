@@ -91,7 +91,7 @@ def loop_settings(*, draft_disabled: bool = False, max_input_len: int = 2048, **
     """LoopSettings as a deployment would get them; `speculative` are build-config `speculative:` fields. The policy
     is fixed unless asked for: these tests drive a given k (the controller's own tests ask for adaptive)."""
     from trtspec.config import SpeculativeConfig
-    from trtspec.loop import LoopSettings
+    from trtspec.spec.loop import LoopSettings
 
     speculative.setdefault("draft_length_policy", "fixed")
     return LoopSettings(
@@ -103,7 +103,7 @@ def loop_settings(*, draft_disabled: bool = False, max_input_len: int = 2048, **
 def engine_call(engines):
     """The loop's `call` straight to in-process ReferenceEngine objects, through the engine model's own tensor
     request/response code (as the BLS calls it); a model not in `engines` is one that is not ready."""
-    from trtspec.loop import EngineCallError
+    from trtspec.spec.loop import EngineCallError
     from trtspec.reference_engine import request_from_tensors, result_tensors
 
     def call(model, t, wanted):

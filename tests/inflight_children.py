@@ -1,9 +1,9 @@
 """What the child processes of test_loop_reference_engine.py::test_in_flight_is_shared_between_processes run.
 
 A module of its own: a spawned child imports the module of the function it runs, and this one imports no more
-than trtspec.load (the test module imports torch and the models: seconds per child)."""
+than trtspec.spec.load (the test module imports torch and the models: seconds per child)."""
 
-from trtspec.load import InFlight
+from trtspec.spec.load import InFlight
 
 
 def count_in_child(path):

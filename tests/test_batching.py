@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from trtspec import batching
-from trtspec.batching import BatchScheduler, QueueFull
+from trtspec.reference_engine import batching
+from trtspec.reference_engine.batching import BatchScheduler, QueueFull
 from trtspec.reference_engine import EngineRequest, ReferenceEngine
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2][: 3 + i] for i in range(8)]

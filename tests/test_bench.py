@@ -27,7 +27,7 @@ from trtspec.bench.metrics import default_metrics_url, expected_counts, value
 from trtspec.bench.prompts import KINDS, PromptError
 from trtspec.bench.runner import BASELINE, ENSEMBLE, Cell, RequestRecord
 from trtspec.cli import cli
-from trtspec.metrics import SpecStats
+from trtspec.spec.metrics import SpecStats
 
 # ---------------------------------------------------------------------------------------------- statistics
 

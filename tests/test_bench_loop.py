@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from trtspec import speculative as spec
+from trtspec.spec import speculative as spec
 from trtspec.bench import loop as bl
-from trtspec.metrics import SpecStats
+from trtspec.spec.metrics import SpecStats
 
 
 # ------------------------------------------------------------------ alpha solver

@@ -93,7 +93,7 @@ def test_engine_on_compiled_kernels_keeps_greedy_tokens(tiny, kernels, caplog, m
 
 
 def test_on_compiled_kernels_a_positions_logits_are_bitwise_the_same_in_a_decode_a_verify_and_a_batch(tiny, kernels, monkeypatch):
-    from trtspec.ragged import Segment
+    from trtspec.reference_engine.ragged import Segment
     from trtspec.reference_engine.kv_cache import new_cache
 
     assert not ReferenceEngine(tiny, device="cpu", dtype="float32").batch_invariant  # the default: one attention call

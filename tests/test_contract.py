@@ -5,7 +5,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtspec.loop import LoopSettings
+from trtspec.spec.loop import LoopSettings
 from trtspec.config import parse_config
 from trtspec.contract import nvidia
 from trtspec.repository import TEMPLATES, generate_repository, list_models

@@ -185,7 +185,7 @@ def test_a_chunked_prefill_gives_the_head_every_rows_features(demo_pair):
     row, in order, and drafts what it drafts after an unchunked prefill."""
     from transformers import AutoTokenizer
 
-    from trtspec.batching import BatchScheduler
+    from trtspec.reference_engine.batching import BatchScheduler
     from trtspec.reference_engine import EngineRequest, ReferenceEngine
 
     tok = AutoTokenizer.from_pretrained(demo_pair.target)
@@ -303,7 +303,7 @@ def test_response_reports_acceptance(server):
 
 def _head_work(server) -> dict[str, float]:
     from trtspec.bench.metrics import scrape, value
-    from trtspec.metrics import ENGINE_EAGLE3_HEAD_COUNTER
+    from trtspec.spec.metrics import ENGINE_EAGLE3_HEAD_COUNTER
     from trtspec.reference_engine.eagle3 import HeadWork
 
     samples = scrape(server.endpoints.metrics)

@@ -11,7 +11,7 @@ from tritonclient.utils import InferenceServerException
 from trtspec.bench.metrics import scrape, value
 from trtspec.config import parse_config
 from trtspec.contract import nvidia
-from trtspec.metrics import (ENGINE_BUSY_COUNTER, ENGINE_KV_BYTES_GAUGE, ENGINE_REQUESTS_GAUGE, ENGINE_STEP_TOKENS_GAUGE,
+from trtspec.spec.metrics import (ENGINE_BUSY_COUNTER, ENGINE_KV_BYTES_GAUGE, ENGINE_REQUESTS_GAUGE, ENGINE_STEP_TOKENS_GAUGE,
                              ENGINE_STEPS_COUNTER)
 from trtspec.reference_engine import DEFAULTS, UNSUPPORTED_INPUTS
 from trtspec.repository import generate_repository

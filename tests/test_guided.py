@@ -16,7 +16,7 @@ from trtspec.contract import RequestError
 xgr = pytest.importorskip("xgrammar")
 
 from trtspec import guided  # noqa: E402
-from trtspec.loop import LoopRequest, LoopSettings, SpeculativeLoop  # noqa: E402
+from trtspec.spec.loop import LoopRequest, LoopSettings, SpeculativeLoop  # noqa: E402
 from trtspec.reference_engine import ReferenceEngine, request_from_tensors  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"},
@@ -165,7 +165,7 @@ def test_proposals_are_cut_at_the_first_refused_token(pair):
     tok, _, info = pair
     req = LoopRequest(prompt=[1, 2, 3], max_tokens=10, guided_decoding_guide_type="regex", guided_decoding_guide="ab+c")
     g = guided.GuidedRequest.start(req, _settings(info, 49152, draft_disabled=True))
-    from trtspec.drafters import Proposal
+    from trtspec.spec.drafters import Proposal
 
     a, b, c, x = (tok.convert_tokens_to_ids(s) for s in ("a", "b", "c", "x"))
     assert g.cut(Proposal([a, b, b, x, c])).tokens == [a, b, b]
@@ -239,7 +239,7 @@ def test_what_the_grammar_forces_is_drafted_and_always_accepted(pair):
     regex = r"The answer is (yes|no), because of [a-z]{3,10}\."
     req = LoopRequest(prompt=[1, 2], max_tokens=10, guided_decoding_guide_type="regex", guided_decoding_guide=regex)
     g = guided.GuidedRequest.start(req, _settings(info, 49152))
-    from trtspec.drafters import Proposal
+    from trtspec.spec.drafters import Proposal
 
     forced = g.cut(Proposal([]))
     assert tok.decode(forced.tokens) == "The answer is "

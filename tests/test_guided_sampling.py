@@ -18,9 +18,9 @@ from conftest import engine_call, loop_settings
 xgr = pytest.importorskip("xgrammar")
 
 from trtspec import guided  # noqa: E402
-from trtspec.loop import LoopRequest, SpeculativeLoop  # noqa: E402
+from trtspec.spec.loop import LoopRequest, SpeculativeLoop  # noqa: E402
 from trtspec.reference_engine import EngineRequest, ReferenceEngine  # noqa: E402
-from trtspec.speculative import SamplingParams, probabilities  # noqa: E402
+from trtspec.spec.speculative import SamplingParams, probabilities  # noqa: E402
 
 # token i is this text (raw vocabulary); 1 is the tiny models' eos, the tokenizer info's stop token
 VOCAB = ["<s>", "</s>", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]

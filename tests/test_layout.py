@@ -20,7 +20,7 @@ PACKAGE = "trtspec"
 LAYERS = {
     # 1: what both a build and a served deployment use: the repository writer and reader, the engines
     "trtspec.repository": 1, "trtspec.repository_reader": 1, "trtspec.llmapi": 1, "trtspec.reference_engine": 1,
-    "trtspec.batching": 1, "trtspec.ragged": 1,
+    "trtspec.reference_engine.batching": 1, "trtspec.reference_engine.ragged": 1,
     # 2: building, serving, the Triton models, the machine
     "trtspec.pipeline": 2, "trtspec.server": 2, "trtspec.triton": 2, "trtspec.machine": 2,
     # 3: the user's tools on top of a deployment

@@ -181,7 +181,7 @@ def test_standin_refuses_unknown_llm_arguments():
 
 @pytest.mark.slow
 def test_standin_batches_requests_in_flight_and_each_equals_its_solo_output(demo_pair):
-    """The stand-in's requests share the engines' forward passes (trtspec.batching), as on the executor."""
+    """The stand-in's requests share the engines' forward passes (trtspec.reference_engine.batching), as on the executor."""
     import asyncio
 
     spec = {"decoding_type": "DraftTarget", "max_draft_len": 3, "speculative_model": str(demo_pair.draft)}

@@ -1,4 +1,4 @@
-"""Speculation methods as configuration (trtspec/methods.py), the model.yaml each supported TensorRT-LLM release
+"""Speculation methods as configuration (trtspec/spec/methods.py), the model.yaml each supported TensorRT-LLM release
 parses (recorded from its llm_args.py), the loading path through update_llm_args_with_extra_dict, the
 gpu_device_ids and world-size rules, and doctor's refusal of a head or MTP target that cannot serve the target.
 No Triton here: every test runs in milliseconds."""
@@ -16,7 +16,7 @@ from trtspec.config import ConfigError, load_config, parse_config
 from trtspec.llmapi import model_yaml
 from trtspec.llmapi.fields import mtp_model_types, supported_versions, version_fields
 from trtspec.llmapi.parser import LlmArgsError, decoding_config_from_dict, load_model_yaml, update_llm_args_with_extra_dict
-from trtspec.methods import METHODS
+from trtspec.spec.methods import METHODS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "build_configs"

@@ -7,9 +7,9 @@ import pytest
 
 from conftest import loop_settings
 
-from trtspec.loop import LoopRequest, SpeculativeLoop
+from trtspec.spec.loop import LoopRequest, SpeculativeLoop
 from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors
-from trtspec.estimates import Estimates
+from trtspec.spec.estimates import Estimates
 
 
 class Counted:
@@ -99,8 +99,8 @@ def test_a_request_learns_its_prompt_lookups_pay_without_drafting_them(demo_pair
     from transformers import AutoTokenizer
 
     from trtspec.config import AdaptivePolicy
-    from trtspec.drafters import ESTIMATE_KEYS, estimate_key
-    from trtspec.controller import GoodputController
+    from trtspec.spec.drafters import ESTIMATE_KEYS, estimate_key
+    from trtspec.spec.controller import GoodputController
 
     tok = AutoTokenizer.from_pretrained(str(demo_pair.target))
     passage = "The quick brown fox jumps over the lazy dog near the river bank at dawn."

@@ -12,10 +12,10 @@ from scipy.stats import chisquare
 
 from conftest import engine_call, loop_settings
 
-from trtspec.drafters import SOURCES
-from trtspec.loop import LoopRequest, LoopRequestError, SpeculativeLoop
+from trtspec.spec.drafters import SOURCES
+from trtspec.spec.loop import LoopRequest, LoopRequestError, SpeculativeLoop
 from trtspec.reference_engine import EngineRequest, ReferenceEngine, request_from_tensors
-from trtspec.speculative import SamplingParams, probabilities
+from trtspec.spec.speculative import SamplingParams, probabilities
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +195,7 @@ def test_a_plain_request_not_streamed_asks_for_runs_of_tokens(engines):
     """Target-only (the baseline, or k = 0 asked for): streamed, a call per token; not streamed, the engine steps
     up to PLAIN_RUN_MAX tokens per call, as a target-only request to the engine does. The same engine requests from
     both endpoints, and the same tokens as one call per token; the end token ends a run early."""
-    from trtspec.speculative import PLAIN_RUN_MAX
+    from trtspec.spec.speculative import PLAIN_RUN_MAX
 
     sent = []
 
@@ -267,7 +267,7 @@ def test_in_flight_is_shared_between_processes(tmp_path):
 
     from inflight_children import count_in_child, hold_in_child  # a small module: each spawned child imports it
 
-    from trtspec.load import InFlight
+    from trtspec.spec.load import InFlight
 
     path = tmp_path / "inflight"
     here = InFlight(path)
@@ -287,7 +287,7 @@ def test_in_flight_is_shared_between_processes(tmp_path):
 def test_counters_of_servers_that_are_gone_are_removed(tmp_path):
     import os
 
-    from trtspec.load import PREFIX, remove_stale, server_key
+    from trtspec.spec.load import PREFIX, remove_stale, server_key
 
     running = tmp_path / f"{PREFIX}{server_key(os.getpid())}"
     pid_reused = tmp_path / f"{PREFIX}{os.getpid()}-1"  # this pid, but a process that started at another time

@@ -205,7 +205,7 @@ def test_tree_verify_is_greedy_identical_and_keeps_only_the_accepted_path(engine
             seq = r.tokens
             cache, n = engine.cache.take(seq)
             assert n == len(seq) - 1 and cache.get_seq_length() == len(seq) - 1
-            from trtspec.ragged import Segment
+            from trtspec.reference_engine.ragged import Segment
             from trtspec.reference_engine.kv_cache import new_cache
 
             fresh = Segment(new_cache(plain.model.config), seq[:-1], 0, 1)
@@ -217,7 +217,7 @@ def test_tree_verify_is_greedy_identical_and_keeps_only_the_accepted_path(engine
 
 def test_sampling_walk_and_stops(engines, demo_pair):
     from trtspec.reference_engine import EngineRequest
-    from trtspec.speculative import SamplingParams
+    from trtspec.spec.speculative import SamplingParams
 
     plain, with_heads = engines
     engine = with_heads["demo"]

@@ -396,7 +396,7 @@ def test_the_openapi_document_lists_the_errors_the_server_sends() -> None:
 
 def _counters(triton) -> tuple[float, float, float, float, float]:
     from trtspec.bench.metrics import scrape, value
-    from trtspec.metrics import AFTER_CANCEL_COUNTER
+    from trtspec.spec.metrics import AFTER_CANCEL_COUNTER
 
     s = scrape(triton.endpoints.metrics)
     return (value(s, "spec_decode_num_requests", model="speculative"),

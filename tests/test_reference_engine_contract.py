@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trtspec.reference_engine import TOKENS_PER_BLOCK, EngineRequest, ReferenceEngine
-from trtspec.speculative import SamplingParams
+from trtspec.spec.speculative import SamplingParams
 
 PROMPT = [0, 3, 4, 3]
 

@@ -28,7 +28,7 @@ from conftest import write_echo_repository
 from trtspec.client import Client, grpc_inputs
 from trtspec.config import AdaptivePolicy, parse_config
 from trtspec.contract import RESPONSE_STATS
-from trtspec.metrics import AFTER_CANCEL_COUNTER, CANCELLED_COUNTER, EMITTED_COUNTER
+from trtspec.spec.metrics import AFTER_CANCEL_COUNTER, CANCELLED_COUNTER, EMITTED_COUNTER
 from trtspec.repository import generate_repository
 
 pytestmark = pytest.mark.slow
@@ -103,7 +103,7 @@ def _wait_for_cancel(server, model, before, t0):
 def _one_call(model: str, stream: bool = True) -> int:
     """The most tokens one target call adds: k drafted + 1 on the ensemble, 1 on the baseline; a request that is
     not streamed asks for runs of up to PLAIN_RUN_MAX tokens where it does not draft."""
-    from trtspec.speculative import PLAIN_RUN_MAX
+    from trtspec.spec.speculative import PLAIN_RUN_MAX
 
     drafted = demo_config().speculative.num_draft_tokens + 1 if model == "ensemble" else 1
     return drafted if stream else max(drafted, PLAIN_RUN_MAX)

@@ -8,7 +8,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trtspec.contract import REQUEST_FIELDS, RESPONSE_OUTPUTS, RESPONSE_STATS, nvidia
-from trtspec.loop import LoopSettings
+from trtspec.spec.loop import LoopSettings
 from trtspec.config import parse_config
 from trtspec.contract import nvidia
 from trtspec.repository import RepositoryError, generate_repository, list_models

@@ -1,7 +1,7 @@
 """The controller against GPU cost structures (trtspec simulate): the loop's own planner, N requests in flight.
 
 The matrix below is the never-slower bar on a GPU: in every cell the controller is at least 0.98x target-only and
-0.95x the best fixed k in hindsight. It runs the planner the loop runs (trtspec.planner), in seconds, no server."""
+0.95x the best fixed k in hindsight. It runs the planner the loop runs (trtspec.spec.planner), in seconds, no server."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from trtspec.bench.costs import GpuCosts, Shape
 from trtspec.bench.simulate import run_matrix, simulate
 from trtspec.bench.workload import PROFILES, Policy, constant
 from trtspec.config import AdaptivePolicy
-from trtspec.controller import GoodputController
-from trtspec.estimates import Estimates
+from trtspec.spec.controller import GoodputController
+from trtspec.spec.estimates import Estimates
 
 H100 = GpuCosts("h100", Shape.known("llama-3.1-8b"), Shape.known("llama-3.2-1b"))
 

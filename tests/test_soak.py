@@ -20,7 +20,7 @@ from trtspec.bench.soak import (
     summarize,
     table,
 )
-from trtspec.metrics import AFTER_CANCEL_COUNTER, CANCELLED_COUNTER, EMITTED_COUNTER, REQUESTS_COUNTER
+from trtspec.spec.metrics import AFTER_CANCEL_COUNTER, CANCELLED_COUNTER, EMITTED_COUNTER, REQUESTS_COUNTER
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from trtspec.metrics import SpecStats
-from trtspec.drafters import ESTIMATE_KEYS, estimate_key, ngram_match
-from trtspec.controller import MAX_PROBE_BACKOFF, Choice, GoodputController
-from trtspec.estimates import Estimates
-from trtspec.speculative import (
+from trtspec.spec.metrics import SpecStats
+from trtspec.spec.drafters import ESTIMATE_KEYS, estimate_key, ngram_match
+from trtspec.spec.controller import MAX_PROBE_BACKOFF, Choice, GoodputController
+from trtspec.spec.estimates import Estimates
+from trtspec.spec.speculative import (
     SamplingParams,
     draft_len_at_load,
     find_stop,

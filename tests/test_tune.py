@@ -78,8 +78,8 @@ def test_schedule_starts_at_one_and_keeps_only_the_changes():
 
 
 def test_schedule_means_what_the_loop_reads():
-    """The written schedule, read by trtspec.speculative.scheduled_draft_len, gives each level its best k."""
-    from trtspec.speculative import scheduled_draft_len
+    """The written schedule, read by trtspec.spec.speculative.scheduled_draft_len, gives each level its best k."""
+    from trtspec.spec.speculative import scheduled_draft_len
 
     best = [(1, 4), (2, 4), (4, 2), (8, 0)]
     schedule = schedule_from_bands(_bands(best))

@@ -17,8 +17,8 @@ import numpy as np
 
 from trtspec.contract import REQUEST_FIELDS, RESPONSE_STATS, field_by_name
 from trtspec.contract.models import ENSEMBLE
-from trtspec.logprobs import TopLogProbs
-from trtspec.metrics import SpecStats
+from trtspec.spec.logprobs import TopLogProbs
+from trtspec.spec.metrics import SpecStats
 
 STAT_NAMES = tuple(s.name for s in RESPONSE_STATS)
 

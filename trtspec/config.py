@@ -15,8 +15,8 @@ from pydantic import BaseModel, ByteSize, ConfigDict, Field, TypeAdapter, Valida
 
 
 from trtspec.contract.fields import DRAFT_LENGTH_POLICIES
-from trtspec.drafters import SELECTIONS
-from trtspec.methods import NAMES as METHOD_NAMES, default_method, problems as method_problems
+from trtspec.spec.drafters import SELECTIONS
+from trtspec.spec.methods import NAMES as METHOD_NAMES, default_method, problems as method_problems
 from trtspec.medusa import choices_problems
 
 
@@ -112,7 +112,7 @@ class ModelConfig(_Strict):
 
 
 class AdaptivePolicy(_Strict):
-    """The goodput controller (draft_length_policy: adaptive, trtspec.controller.GoodputController): each
+    """The goodput controller (draft_length_policy: adaptive, trtspec.spec.controller.GoodputController): each
     iteration it drafts the k (0 included) and source with the most expected tokens per second, from acceptance
     and engine costs it measures online, shared by the deployment's loop processes."""
 
@@ -144,7 +144,7 @@ class AdaptivePolicy(_Strict):
 class SpeculativeConfig(_Strict):
     method: Literal[METHOD_NAMES] | None = Field(  # type: ignore[valid-type]
         default=None,
-        description="how the deployment drafts (trtspec/methods.py): draft_model, eagle3 (draft.checkpoint is an "
+        description="how the deployment drafts (trtspec/spec/methods.py): draft_model, eagle3 (draft.checkpoint is an "
         "EAGLE-3 head), medusa (draft.checkpoint is a Medusa head set; the engine verifies its tree), mtp (the target's "
         "own MTP layers), ngram; default: draft_model with a draft, ngram without",
     )

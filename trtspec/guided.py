@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict
 from trtspec.contract.fields import GUIDE_TYPES, RequestError
 
 if TYPE_CHECKING:
-    from trtspec.drafters import Proposal
+    from trtspec.spec.drafters import Proposal
 
 NEEDS_GUIDE = ("json_schema", "regex", "ebnf_grammar")
 

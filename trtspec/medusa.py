@@ -15,7 +15,7 @@ The reference engine's side (the heads' forward, the KV of the accepted path): t
 
 `medusa_choices` are paths into the heads' top-k, as TensorRT-LLM and Medusa spell them: [1, 0] is "head 0's
 second token, then head 1's first". The tree is verified in one forward pass: each node attends to the committed
-sequence and its own ancestors (trtspec.ragged), at position root + depth.
+sequence and its own ancestors (trtspec.reference_engine.ragged), at position root + depth.
 """
 
 from __future__ import annotations

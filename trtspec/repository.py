@@ -25,8 +25,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trtspec.config import BuildConfig, EngineKind, checkpoint_path, plan_max_num_tokens
-from trtspec.drafters import drafts_in_target
-from trtspec.methods import in_engine
+from trtspec.spec.drafters import drafts_in_target
+from trtspec.spec.methods import in_engine
 from trtspec.reference_engine.tensor_io import NEXT_DRAFT_IDS, NEXT_DRAFT_LEN
 from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_OUTPUTS, RESPONSE_STATS, nvidia
 from trtspec.contract.models import BASELINE, BASELINE_LOOP, DRAFT, ENSEMBLE, LOOP, TARGET
@@ -35,7 +35,7 @@ from trtspec.guided import (
     GuidedSettings, load_tokenizer_info, write_tokenizer_info,
 )
 from trtspec.llmapi.repository import write_llmapi_models
-from trtspec.loop import LoopSettings, settings_parameter
+from trtspec.spec.loop import LoopSettings, settings_parameter
 from trtspec.repository_reader import RepositoryError, read_repository
 from trtspec.medusa import DEFAULT_CHOICES, to_pbtxt
 
@@ -252,7 +252,7 @@ def _engine_config(
     config.instance_group[0].count = model.instance_count
     if cfg.engine is EngineKind.reference:
         config.backend = "python"
-        # dynamic batching hands execute() what arrived together; execute() only queues it for trtspec.batching,
+        # dynamic batching hands execute() what arrived together; execute() only queues it for trtspec.reference_engine.batching,
         # whose scheduler steps every request in flight together
         config.ClearField("parameters")
         _set_params(
@@ -265,7 +265,7 @@ def _engine_config(
             **({} if model.kv_cache_max_bytes is None else {"kv_cache_max_bytes": int(model.kv_cache_max_bytes)}),
             kv_cache_max_tokens=cfg.limits.max_batch_size * cfg.limits.max_seq_len,
             max_input_len=cfg.limits.max_input_len,
-            # the in-flight batcher's limits (trtspec.batching): requests per step and tokens per step
+            # the in-flight batcher's limits (trtspec.reference_engine.batching): requests per step and tokens per step
             max_batch_size=cfg.limits.max_batch_size,
             max_num_tokens=plan_max_num_tokens(cfg),
             use_draft_vocab=role == "draft",  # a draft checkpoint's draft_vocab.json, if it has one

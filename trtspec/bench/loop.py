@@ -32,7 +32,7 @@ input-grounded):
 It prints a markdown report (command line, machine, tables, targets) and writes ``results.json`` and
 ``report.md`` to ``--output`` (default ``bench-results/loop-<timestamp>``). The pure arithmetic
 (``stats_delta``, ``engine_ns``, ``overhead_per_iteration``) is tested in
-``tests/test_bench_loop.py``; the speculative arithmetic lives in ``trtspec.speculative``.
+``tests/test_bench_loop.py``; the speculative arithmetic lives in ``trtspec.spec.speculative``.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from trtspec.bench.runner import BenchError
 from trtspec.contract.models import BASELINE, ENSEMBLE
-from trtspec.metrics import SpecStats
-from trtspec.speculative import solve_alpha, speedup_bound
+from trtspec.spec.metrics import SpecStats
+from trtspec.spec.speculative import solve_alpha, speedup_bound
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "build_configs" / "demo.yaml"
 DEFAULT_KINDS = ("chat", "grounded")
@@ -211,7 +211,7 @@ def fetch_stats(http: str, metrics_url: str | None = None) -> dict[str, dict[str
     entries = _model_entries(_http_json(f"{http}/v2/models/stats"))
     if metrics_url:
         from trtspec.bench.metrics import scrape
-        from trtspec.metrics import ENGINE_BUSY_COUNTER
+        from trtspec.spec.metrics import ENGINE_BUSY_COUNTER
 
         for (name, labels), v in scrape(metrics_url).items():
             model = dict(labels).get("model")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from trtspec.contract import RESPONSE_STATS
-from trtspec.metrics import EMITTED_COUNTER, REQUESTS_COUNTER, SpecStats
+from trtspec.spec.metrics import EMITTED_COUNTER, REQUESTS_COUNTER, SpecStats
 
 # counter -> the per-request quantity it must equal the sum of (a statistic of trtspec.contract, or these two)
 COUNTERS = {REQUESTS_COUNTER: "requests", EMITTED_COUNTER: "output_tokens"} | {

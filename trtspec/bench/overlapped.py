@@ -2,12 +2,12 @@
 
 The lock-step simulator (trtspec.bench.simulate) runs a draft call and then a target step, as one GPU does. A CPU
 deployment of the reference engine runs its two engines on separate cores: each engine steps its own in-flight
-batch (trtspec.batching) while the other steps, and a request's draft call overlaps other requests' target steps.
+batch (trtspec.reference_engine.batching) while the other steps, and a request's draft call overlaps other requests' target steps.
 Here each engine is a server on its own clock: a request submitted while a step runs joins the next one, a draft
 call of k tokens is k draft steps (the first also prefilling what the draft model has not seen), a verify call one
 target step of 1 + k tokens, a plain run of n tokens n steps. Every engine call also costs `call_s` of the loop's
 own (a Triton round trip and its Python) before it reaches the engine. After a target step the engine waits, up
-to `call_s`, for the requests it answered that come straight back with a plain call, as trtspec.batching does
+to `call_s`, for the requests it answered that come straight back with a plain call, as trtspec.reference_engine.batching does
 (it does not wait for ones that draft first).
 
 Each request's planner is told the wall time of its own calls, as the loop measures them.
@@ -26,8 +26,8 @@ import numpy as np
 from trtspec.bench.costs import Costs
 from trtspec.bench.workload import Acceptance, CellResult, Policy, Schedule, SyntheticRequest
 from trtspec.config import AdaptivePolicy, SpeculativeConfig
-from trtspec.estimates import Estimates
-from trtspec.planner import Planner, RequestPolicy
+from trtspec.spec.estimates import Estimates
+from trtspec.spec.planner import Planner, RequestPolicy
 
 
 @dataclass

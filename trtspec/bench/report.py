@@ -21,7 +21,7 @@ from typing import Any
 from trtspec import __version__
 from trtspec.bench import stats as st
 from trtspec.bench.runner import BASELINE, BenchRun, CellRun, RequestRecord, cell_policy
-from trtspec.metrics import SpecStats
+from trtspec.spec.metrics import SpecStats
 
 SCHEMA_VERSION = 1
 

@@ -32,8 +32,8 @@ from typing import Any, Callable, Iterator, Sequence
 from trtspec.bench.metrics import CrossCheck, default_metrics_url
 from trtspec.bench.prompts import Prompt
 from trtspec.client import Chunk, Client, ClientError
-from trtspec.metrics import SpecStats
-from trtspec.loop import SETTINGS_PARAMETER
+from trtspec.spec.metrics import SpecStats
+from trtspec.spec.loop import SETTINGS_PARAMETER
 
 from trtspec.contract.models import BASELINE, ENSEMBLE, LOOP_OF  # noqa: F401  (the bench's endpoints)
 

@@ -1,4 +1,4 @@
-"""`trtspec simulate`: the loop's own decisions (trtspec.planner) for N requests in flight, against a cost model.
+"""`trtspec simulate`: the loop's own decisions (trtspec.spec.planner) for N requests in flight, against a cost model.
 
 Lock step, as an in-flight batcher runs: each step, the requests that start an iteration plan it; those drafting
 with the draft model are batched in the draft engine (its step j runs the rows still drafting at j, the first
@@ -24,8 +24,8 @@ from trtspec.bench.overlapped import simulate_overlapped
 from trtspec.bench.workload import (PROFILES, Acceptance, CellResult, Policy, Schedule, SyntheticRequest, constant,
                                     ramp)
 from trtspec.config import SpeculativeConfig
-from trtspec.estimates import Estimates
-from trtspec.planner import Planner, RequestPolicy
+from trtspec.spec.estimates import Estimates
+from trtspec.spec.planner import Planner, RequestPolicy
 
 @dataclass
 class _Call:

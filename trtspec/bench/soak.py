@@ -35,7 +35,7 @@ from trtspec.bench.prompts import Prompt
 from trtspec.bench.runner import (
     BASELINE, ENSEMBLE, BenchError, BenchSettings, Cell, RequestRecord, check_deployment, one_request,
 )
-from trtspec.metrics import AFTER_CANCEL_COUNTER, CANCELLED_COUNTER, EMITTED_COUNTER, REQUESTS_COUNTER
+from trtspec.spec.metrics import AFTER_CANCEL_COUNTER, CANCELLED_COUNTER, EMITTED_COUNTER, REQUESTS_COUNTER
 from trtspec.profiling.sampler import process_name, process_tree, read_proc_stat
 
 SCHEMA = "trtspec-soak/1"

@@ -8,8 +8,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from trtspec.drafters import Proposal
-from trtspec.planner import Planner
+from trtspec.spec.drafters import Proposal
+from trtspec.spec.planner import Planner
 
 VOCAB = 32000
 

@@ -109,7 +109,7 @@ def _step(n: int, total: int, text: str) -> None:
 def _example(server: Any, cfg: Any, max_tokens: int) -> None:
     from trtspec.bench.prompts import chat
     from trtspec.client import Client, ClientError
-    from trtspec.metrics import SpecStats
+    from trtspec.spec.metrics import SpecStats
 
     k = cfg.speculative.num_draft_tokens
     console.print(f"[dim]prompt:[/] {EXAMPLE_PROMPT}  [dim](ensemble endpoint, num_draft_tokens={k}, "

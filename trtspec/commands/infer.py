@@ -11,7 +11,7 @@ from trtspec.client import Client, ClientError
 from trtspec.commands._common import UserError, console, friendly_errors
 from trtspec.contract import field_by_name
 from trtspec.contract.models import BASELINE, ENSEMBLE
-from trtspec.metrics import SpecStats
+from trtspec.spec.metrics import SpecStats
 
 
 @click.command("infer")

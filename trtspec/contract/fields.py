@@ -5,7 +5,7 @@ loop model takes it under TensorRT-LLM's tensor name (`top_k` -> `runtime_top_k`
 `LoopRequest` uses the client name. A response statistic is named once, the same on the wire, in
 `SpecStats` and in Prometheus (with its counter name in the row).
 
-Adding a statistic: one row in RESPONSE_STATS plus its computation in `trtspec.metrics.SpecStats`.
+Adding a statistic: one row in RESPONSE_STATS plus its computation in `trtspec.spec.metrics.SpecStats`.
 RESPONSE_OUTPUTS are the outputs trtspec adds to NVIDIA's, per generated token, when a request asks for them.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from trtspec.contract.errors import RequestError
-from trtspec.drafters import SELECTIONS
+from trtspec.spec.drafters import SELECTIONS
 
 DRAFT_LENGTH_POLICIES = ("fixed", "adaptive")
 

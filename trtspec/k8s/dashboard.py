@@ -1,7 +1,7 @@
 """The Grafana dashboard of a trtspec deployment, generated from the metric names the server exports.
 
 The speculation panels come from the response statistics' counters (trtspec.contract.RESPONSE_STATS) and the
-exporter's own series (trtspec.metrics), so a statistic added there is on the board without editing this file;
+exporter's own series (trtspec.spec.metrics), so a statistic added there is on the board without editing this file;
 latency, throughput and queue come from Triton's own `nv_inference_*` metrics. `trtspec k8s` ships it as a
 ConfigMap that Grafana's dashboard sidecar picks up; deploy/grafana/trtspec-dashboard.json is the same board for
 importing by hand (a test fails when it drifts). Regenerate with:
@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any, Iterator
 
-from trtspec import metrics
+from trtspec.spec import metrics
 from trtspec.contract import RESPONSE_STATS, STAT, stat_by_name
 
 UID = "trtspec"

@@ -12,7 +12,7 @@ from trtspec.config import BuildConfig, LlmapiConfig, plan_max_num_tokens
 from trtspec.checkpoint import default_capture_layers, eagle3_capture_layers, inspect_checkpoint
 from trtspec.llmapi.draft_floor import TWO_MODEL_FIELD, DraftFloorError, Floored, resolve
 from trtspec.llmapi.fields import pinned_version, version_fields
-from trtspec.methods import METHODS
+from trtspec.spec.methods import METHODS
 
 
 class ModelYamlError(ValueError):

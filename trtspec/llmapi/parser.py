@@ -22,7 +22,7 @@ class DecodingConfig:
     """A parsed speculative_config: which class TensorRT-LLM builds and its field values."""
 
     cls: str
-    method: str  # trtspec.methods name the class serves
+    method: str  # trtspec.spec.methods name the class serves
     values: dict[str, Any] = field(default_factory=dict)
 
     def get(self, key: str, default: Any = None) -> Any:

@@ -13,7 +13,7 @@ from trtspec.config import BuildConfig, LlmapiConfig, checkpoint_path
 from trtspec.contract.models import BASELINE, ENSEMBLE
 from trtspec.llmapi import model_yaml
 from trtspec.llmapi.serving import GUIDED_REFUSAL
-from trtspec.methods import METHODS
+from trtspec.spec.methods import METHODS
 
 MODEL_PY = Path(__file__).resolve().parent.parent / "model_repository" / "llmapi" / "1" / "model.py"
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from trtspec.contract import REQUEST_FIELDS, STAT, RequestError
 from trtspec.contract.limits import RequestLimits
-from trtspec.metrics import SpecStats
+from trtspec.spec.metrics import SpecStats
 
 # the statistics TensorRT-LLM reports per request (trtspec.contract names); the others have no source there
 REPORTED_STATS = (STAT.acceptance_rate, STAT.total_accepted_draft_tokens, STAT.total_draft_tokens, STAT.num_iterations,

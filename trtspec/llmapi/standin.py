@@ -6,9 +6,9 @@ streaming=True)` returning an async-iterable `RequestOutput` whose `outputs[0]` 
 `token_ids`/`text`, their `*_diff`, `finish_reason`, and `request_perf_metrics.speculative_decoding`.
 
 Behind it run trtspec's reference engine and trtspec's speculative loop (greedy verification or
-rejection sampling, trtspec.loop), so the llmapi flavour's Triton model, repository and clients are
+rejection sampling, trtspec.spec.loop), so the llmapi flavour's Triton model, repository and clients are
 exercised on CPU exactly as they are on a GPU. Each request's loop runs on its own thread and its engine
-calls meet in the engines' in-flight batchers (trtspec.batching, the reference engine's own), so every
+calls meet in the engines' in-flight batchers (trtspec.reference_engine.batching, the reference engine's own), so every
 request in flight shares each forward pass as on TensorRT-LLM's executor. TensorRT-LLM's load controls are
 honoured per request at admission
 (`max_concurrency`, `draft_len_schedule` by the number of requests in flight) and across requests
@@ -29,14 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.batching import BatchScheduler
+from trtspec.reference_engine.batching import BatchScheduler
 from trtspec.config import SpeculativeConfig
 from trtspec.guided import GuidedSettings
 from trtspec.llmapi.fields import version_fields
 from trtspec.llmapi.parser import decoding_config_from_dict
-from trtspec.loop import LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
+from trtspec.spec.loop import LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
 from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors
-from trtspec.speculative import draft_len_at_load
+from trtspec.spec.speculative import draft_len_at_load
 
 TARGET, DRAFT = "target", "draft"
 
@@ -201,7 +201,7 @@ class RequestOutput:
 
 
 class _EngineCall:
-    """trtspec.loop's engine interface served in process: tensors in, tensors out, as Triton would."""
+    """trtspec.spec.loop's engine interface served in process: tensors in, tensors out, as Triton would."""
 
     def __init__(self, engines: dict[str, BatchScheduler]):
         self.engines = engines

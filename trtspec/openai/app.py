@@ -23,8 +23,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from trtspec.client import request_fields
 from trtspec.contract import STAT
 from trtspec.contract.limits import LimitError
-from trtspec.logprobs import TopLogProbs
-from trtspec.metrics import SpecStats
+from trtspec.spec.logprobs import TopLogProbs
+from trtspec.spec.metrics import SpecStats
 from trtspec.openai.backend import TritonBackend, TritonStream, unavailable
 from trtspec.openai.protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, OpenAIError, GenerationRequest
 from trtspec.openai.stop import StopMatcher

@@ -21,7 +21,7 @@ from trtspec.client import STAT_NAMES, Chunk, infer_input, log_probs, response_s
 from trtspec.contract import REQUEST_FIELDS, RequestError, field_by_name
 from trtspec.contract.errors import ErrorKind, decode
 from trtspec.contract.limits import RequestLimits
-from trtspec.loop import SETTINGS_PARAMETER, LoopSettings
+from trtspec.spec.loop import SETTINGS_PARAMETER, LoopSettings
 from trtspec.openai.protocol import OpenAIError
 from trtspec.contract.models import BASELINE, ENSEMBLE, LOOP, LOOP_OF, POSTPROCESSING, PREPROCESSING
 from trtspec.repository import list_models

@@ -37,7 +37,7 @@ from trtspec.checkpoint import (
 from trtspec.config import BuildConfig, EngineKind, ModelConfig, plan_max_num_tokens
 from trtspec.contract.nvidia import ENGINE_FLOW_RANGE
 from trtspec.machine import Machine, disk_free
-from trtspec.methods import in_engine
+from trtspec.spec.methods import in_engine
 
 Level = Literal["error", "warning"]
 

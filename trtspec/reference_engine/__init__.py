@@ -22,7 +22,7 @@ Prefix KV-cache reuse plays the role of TensorRT-LLM's enable_kv_cache_reuse: th
 the whole running sequence every iteration, so each call only computes the tokens that are new
 since the longest cached prefix.
 
-A request is a generator of forward steps (`steps`); `run` serves one alone, and trtspec.batching's scheduler
+A request is a generator of forward steps (`steps`); `run` serves one alone, and trtspec.reference_engine.batching's scheduler
 steps many together, one forward pass over all of them per step (the executor's in-flight batching).
 
 Modules: engine (ReferenceEngine: the forward and the request's steps), request (EngineRequest,

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from trtspec.guided import EngineGuide, GuideCache, dead_end, guide_masks
-from trtspec.ragged import ATTENTION, RaggedBatch, Segment, register as register_attention
+from trtspec.reference_engine.ragged import ATTENTION, RaggedBatch, Segment, register as register_attention
 from trtspec.reference_engine import device as device_settings
 from trtspec.reference_engine.device import _DTYPES, choose_precision, pick_device, tune_for_cpu
 from trtspec.reference_engine.draft_vocab import draft_head, load_draft_vocab
@@ -27,7 +27,7 @@ from trtspec.reference_engine.compiled_linear import CompiledLinear
 from trtspec.reference_engine.packed_linear import PackedLinear
 from trtspec.reference_engine.prefix_cache import PrefixCache, cache_nbytes
 from trtspec.reference_engine.request import EngineRequest, EngineResult, Steps
-from trtspec.speculative import (
+from trtspec.spec.speculative import (
     SamplingParams,
     find_stop,
     probabilities,

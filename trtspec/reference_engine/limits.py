@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from trtspec.ragged import Segment
+from trtspec.reference_engine.ragged import Segment
 from trtspec.reference_engine import ReferenceEngine
 from trtspec.reference_engine.compiled_linear import CompiledLinear
 from trtspec.reference_engine.kv_cache import new_cache

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Generator
 
 import numpy as np
 
-from trtspec.speculative import SamplingParams
+from trtspec.spec.speculative import SamplingParams
 
 if TYPE_CHECKING:
     from trtspec.guided import Guide
-    from trtspec.ragged import Segment
+    from trtspec.reference_engine.ragged import Segment
 
 # What ReferenceEngine.steps returns: yields the segment each step computes, returns the result.
 Steps = Generator["Segment", None, "EngineResult"]

@@ -10,7 +10,7 @@ import numpy as np
 from trtspec.contract.fields import STAT, RequestError
 from trtspec.guided import guide_from_tensors
 from trtspec.reference_engine.request import EngineRequest, EngineResult
-from trtspec.speculative import SamplingParams
+from trtspec.spec.speculative import SamplingParams
 
 # The reference engine's in-engine drafting (EAGLE-3, as TensorRT-LLM's one-model path): how many draft tokens
 # to propose for the next call, and the proposal, returned with this call's answer.

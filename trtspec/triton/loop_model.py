@@ -22,10 +22,10 @@ import numpy as np
 from trtspec import triton_io as io
 from trtspec.contract import REQUEST_FIELDS, EngineCallError, RequestError
 from trtspec.contract.errors import engine_error
-from trtspec.load import InFlight, SharedEstimates
-from trtspec.logprobs import TopLogProbs
-from trtspec.loop import SETTINGS_PARAMETER, Step, LoopRequest, LoopSettings, SpeculativeLoop
-from trtspec.metrics import ControllerGauges, PrometheusExporter
+from trtspec.spec.load import InFlight, SharedEstimates
+from trtspec.spec.logprobs import TopLogProbs
+from trtspec.spec.loop import SETTINGS_PARAMETER, Step, LoopRequest, LoopSettings, SpeculativeLoop
+from trtspec.spec.metrics import ControllerGauges, PrometheusExporter
 from trtspec.text import TextCodec
 from trtspec.triton.callees import CalleeProcesses
 

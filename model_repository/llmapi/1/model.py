@@ -13,7 +13,7 @@ import yaml
 from trtspec import triton_io as io
 from trtspec.llmapi import serving
 from trtspec.llmapi.seam import load_api, load_guided_params
-from trtspec.metrics import PrometheusExporter
+from trtspec.spec.metrics import PrometheusExporter
 
 _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _LISTS = ("stop_words", "bad_words")

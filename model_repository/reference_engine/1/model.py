@@ -14,9 +14,9 @@ import triton_python_backend_utils as pb_utils
 # importing trtspec sets OMP_WAIT_POLICY=PASSIVE before torch loads (see trtspec/__init__.py)
 from trtspec import log_to_stderr
 from trtspec import triton_io as io
-from trtspec.batching import BatchScheduler, QueueFull
+from trtspec.reference_engine.batching import BatchScheduler, QueueFull
 from trtspec.medusa import from_pbtxt
-from trtspec.metrics import EngineGauges
+from trtspec.spec.metrics import EngineGauges
 from trtspec.reference_engine import ReferenceEngine, RequestTensorError, request_from_tensors, result_tensors
 
 

@@ -4,7 +4,7 @@
 source and k (the goodput controller's choice, its probes, or the fixed k), what the target's own drafter
 (EAGLE-3) drafts for the next call, and how many tokens a plain call asks for. `Planner.outcome` takes what
 happened with the measured times: the controller's samples (which are clean), catching the draft model up, and
-scoring the proposals that were not drafted. The loop (trtspec.loop) runs the engine calls between the two; the
+scoring the proposals that were not drafted. The loop (trtspec.spec.loop) runs the engine calls between the two; the
 simulator (trtspec.bench.simulate) runs the same planner against cost models instead.
 
 Sources that need no engine call (prompt lookup, the target's own drafter) are asked through `propose`, which the
@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from trtspec.drafters import SELECTIONS, SOURCES, Proposal, estimate_key
-from trtspec.metrics import SpecStats
-from trtspec.controller import Choice, GoodputController
-from trtspec.estimates import Estimates
-from trtspec.speculative import draft_len_at_load, fixed_draft_len, plain_run
+from trtspec.spec.drafters import SELECTIONS, SOURCES, Proposal, estimate_key
+from trtspec.spec.metrics import SpecStats
+from trtspec.spec.controller import Choice, GoodputController
+from trtspec.spec.estimates import Estimates
+from trtspec.spec.speculative import draft_len_at_load, fixed_draft_len, plain_run
 
 # (source, running sequence, k) -> its proposal: the sources that need no engine call
 Propose = Callable[[str, Sequence[int], int], Proposal]

@@ -6,7 +6,7 @@ maps one shared int64 (a file in /dev/shm named after the server process and its
 server never reads an old count), changes it under an flock and reads it without one. The file outlives the
 loop models: one that is unloaded and loaded again must find its siblings' count, not start a new one. Files of
 servers that are gone are removed when the next server's first loop model starts. The controller's estimates
-(trtspec.estimates.Estimates: acceptance per position per source, measured engine costs) live the same way in
+(trtspec.spec.estimates.Estimates: acceptance per position per source, measured engine costs) live the same way in
 a second file, so every loop process learns from every request of the deployment.
 """
 
@@ -22,7 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
-from trtspec.estimates import ESTIMATES_LAYOUT, ESTIMATES_SIZE, Estimates
+from trtspec.spec.estimates import ESTIMATES_LAYOUT, ESTIMATES_SIZE, Estimates
 
 
 PREFIX = "trtspec-inflight-"

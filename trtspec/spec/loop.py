@@ -1,6 +1,6 @@
 """The speculative loop, one implementation for every engine flavour.
 
-Each iteration asks a drafter (trtspec.drafters) for k tokens, sends the running sequence plus
+Each iteration asks a drafter (trtspec.spec.drafters) for k tokens, sends the running sequence plus
 `draft_input_ids` (and `draft_logits` when asked) to the target in ONE call, and takes the target's answer:
 the accepted prefix plus one target token. The loop talks to its engines only through
 `call(model, tensors, wanted)`, so it runs unchanged against TensorRT-LLM engines, the reference engine, or
@@ -23,14 +23,14 @@ from pydantic import BaseModel, ConfigDict
 from trtspec.config import SpeculativeConfig
 from trtspec.contract import REQUEST_FIELDS, EngineCallError, RequestError
 from trtspec.contract.limits import RequestLimits
-from trtspec.drafters import SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target
+from trtspec.spec.drafters import SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target
 from trtspec.guided import GuidedRequest, GuidedSettings
-from trtspec.logprobs import TopLogProbs
-from trtspec.methods import in_engine
-from trtspec.metrics import SpecStats
-from trtspec.planner import Planner, RequestPolicy
-from trtspec.estimates import Estimates
-from trtspec.speculative import find_stop
+from trtspec.spec.logprobs import TopLogProbs
+from trtspec.spec.methods import in_engine
+from trtspec.spec.metrics import SpecStats
+from trtspec.spec.planner import Planner, RequestPolicy
+from trtspec.spec.estimates import Estimates
+from trtspec.spec.speculative import find_stop
 from trtspec.triton_io import to_words_list
 
 # (model name, input tensors, requested outputs) -> output tensors; raises EngineCallError on failure
@@ -149,7 +149,7 @@ class SpeculativeLoop:
     ):
         """`in_flight`: requests in flight in the deployment now (the controller's load; speculative.max_concurrency
         compares with it). `estimates`: what the goodput controller learns, shared by the deployment's loop
-        processes (trtspec.load.SharedEstimates); default: this loop's own."""
+        processes (trtspec.spec.load.SharedEstimates); default: this loop's own."""
         self.settings = settings
         self.call = call
         self.in_flight = in_flight
@@ -275,7 +275,7 @@ class SpeculativeLoop:
         return {name: SOURCES[name].make(self.settings, call) for name in sources}
 
     def planner(self, req: LoopRequest, drafting: bool = True) -> Planner:
-        """The request's decisions (trtspec.planner): its sources, policy and k, on this deployment; `drafting` false:
+        """The request's decisions (trtspec.spec.planner): its sources, policy and k, on this deployment; `drafting` false:
         none (a guided request on an engine that cannot verify drafts under its guide)."""
         spec = self.settings.speculative
         selection = req.draft_source or spec.draft_source

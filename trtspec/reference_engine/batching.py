@@ -1,7 +1,7 @@
 """In-flight batching for the reference engine: one scheduler thread owns the model and steps every request
 in flight together, as TensorRT-LLM's executor does.
 
-Each step is one forward pass over a ragged batch (trtspec.ragged): prefill rows of new requests (a long prompt
+Each step is one forward pass over a ragged batch (trtspec.reference_engine.ragged): prefill rows of new requests (a long prompt
 in chunks, so it does not stall everyone), one-token decode rows and k+1-token verify rows. A request submitted
 while a step runs joins at the next one; a finished request is answered at once, not when the batch drains.
 `max_batch_size` bounds the requests in the running batch and `max_num_tokens` the tokens per step; requests
@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 
 from trtspec.contract.errors import Overloaded
-from trtspec.ragged import Segment
+from trtspec.reference_engine.ragged import Segment
 from trtspec.reference_engine import EngineRequest, EngineResult, ReferenceEngine, Steps, cache_nbytes
 
 
@@ -301,7 +301,7 @@ class BatchScheduler:
         try:
             callback(value)
         except Exception as e:  # noqa: BLE001
-            print(f"trtspec.batching: {getattr(callback, '__qualname__', callback)} failed: {e!r}", file=sys.stderr)
+            print(f"trtspec.reference_engine.batching: {getattr(callback, '__qualname__', callback)} failed: {e!r}", file=sys.stderr)
 
     def _finish(self, job: _Job, result: EngineResult | None = None, error: BaseException | None = None) -> None:
         with self._wake:

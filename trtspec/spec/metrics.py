@@ -17,8 +17,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from trtspec.contract import RESPONSE_STATS
-from trtspec.drafters import ESTIMATE_KEYS, SOURCES
-from trtspec.controller import GoodputController
+from trtspec.spec.drafters import ESTIMATE_KEYS, SOURCES
+from trtspec.spec.controller import GoodputController
 
 REQUESTS_COUNTER = "spec_decode_num_requests"
 EMITTED_COUNTER = "spec_decode_num_emitted_tokens"
@@ -253,7 +253,7 @@ class EngineGauges:
                     self._head_sent[kind] = total
 
     def update(self, stats: Any) -> None:
-        """`stats`: a trtspec.batching.SchedulerStats. Called after every step and once more when the engine has
+        """`stats`: a trtspec.reference_engine.batching.SchedulerStats. Called after every step and once more when the engine has
         stayed drained (batching.DRAINED_REPORT_S > MIN_INTERVAL_S), so an idle engine never shows stale load; sent
         at most every MIN_INTERVAL_S."""
         now = time.monotonic()
@@ -276,7 +276,7 @@ CONTROLLER_CATCHUP_GAUGE = "trtspec_controller_catchup_seconds_per_token"
 
 
 class ControllerGauges:
-    """The goodput controller's current estimates (trtspec.estimates.Estimates, shared by the deployment's loop
+    """The goodput controller's current estimates (trtspec.spec.estimates.Estimates, shared by the deployment's loop
     processes) as Triton gauges: why it chose the k it chose. Acceptance per draft position per source (given every
     earlier position was accepted), the measured seconds of a verify call by draft length and requests in flight,
     and a draft-model call's fitted seconds per drafted and per caught-up token by requests in the call; only
@@ -304,7 +304,7 @@ class ControllerGauges:
         self._metrics[key].set(float(value))
 
     def update(self, est: Any, positions: int) -> None:
-        """`est`: trtspec.estimates.Estimates; `positions`: draft positions to report (max_draft_len)."""
+        """`est`: trtspec.spec.estimates.Estimates; `positions`: draft positions to report (max_draft_len)."""
         now = time.monotonic()
         if now - self._sent_at < self.MIN_INTERVAL_S:
             return

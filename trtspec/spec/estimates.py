@@ -1,5 +1,5 @@
-"""What the goodput controller (trtspec.controller) knows about a deployment, shared by every loop process of it
-(trtspec.load.SharedEstimates): acceptance per position per source, a target step's cost by requests in flight and
+"""What the goodput controller (trtspec.spec.controller) knows about a deployment, shared by every loop process of it
+(trtspec.spec.load.SharedEstimates): acceptance per position per source, a target step's cost by requests in flight and
 by the tokens in it, a draft call's cost per drafted and per caught-up token by the requests in it, and the counts
 of calls in progress that tell a call which others it ran with."""
 
@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from trtspec.drafters import ESTIMATE_KEYS
+from trtspec.spec.drafters import ESTIMATE_KEYS
 
 MAX_POSITIONS = 64  # SpeculativeConfig.max_draft_len's bound
 MAX_LOAD = 256  # requests in flight (or in one draft call), as a cost-table key (more count as this many)
@@ -47,7 +47,7 @@ ESTIMATES_SIZE = sum(int(np.prod(shape)) for shape in ESTIMATES_LAYOUT.values())
 class Estimates:
     """What the controller knows about the deployment: acceptance per position per source, and measured costs.
 
-    Views into one float64 buffer, so that trtspec.load.SharedEstimates can put it in shared memory for every
+    Views into one float64 buffer, so that trtspec.spec.load.SharedEstimates can put it in shared memory for every
     loop process of a server; here, by default, a private buffer. `locked()` guards read-modify-write updates."""
 
     def __init__(self, buffer: np.ndarray | None = None):

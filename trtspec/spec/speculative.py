@@ -2,8 +2,8 @@
 speed-up.
 
 No Triton, no torch: numpy only, so it is unit-tested on its own and imported unchanged by the
-reference engine (verification) and by the loop (policy, stop handling). The adaptive policy: trtspec.controller;
-counters: trtspec.metrics.
+reference engine (verification) and by the loop (policy, stop handling). The adaptive policy: trtspec.spec.controller;
+counters: trtspec.spec.metrics.
 """
 
 from __future__ import annotations

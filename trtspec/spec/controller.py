@@ -1,8 +1,8 @@
 """The goodput controller (draft_length_policy: adaptive): per iteration, the draft source and k, 0 included, with the
 most expected tokens per second of the deployment, from acceptance and engine costs it measures online.
 
-What it knows is trtspec.estimates.Estimates, shared by every loop process of a deployment; `GoodputController` is
-one request's view of them. The per-iteration decision that uses it is trtspec.planner's.
+What it knows is trtspec.spec.estimates.Estimates, shared by every loop process of a deployment; `GoodputController` is
+one request's view of them. The per-iteration decision that uses it is trtspec.spec.planner's.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from trtspec.drafters import ESTIMATE_KEYS, SOURCES, source_of
-from trtspec.estimates import MAX_POSITIONS, MAX_STEP_TOKENS, Estimates, load_key, nonzero
+from trtspec.spec.drafters import ESTIMATE_KEYS, SOURCES, source_of
+from trtspec.spec.estimates import MAX_POSITIONS, MAX_STEP_TOKENS, Estimates, load_key, nonzero
 
 ALONE = 1  # the load at which a request's own call time is the whole step's
 SHARED_MARGIN = 0.03  # the least gain, at a shared load, for which the deployment drafts
