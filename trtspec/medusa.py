@@ -29,7 +29,7 @@ CONFIG_FILE = "config.json"
 TENSORS_FILE = "medusa_lm_head.safetensors"
 SHARED_LM_HEAD = "target"  # config.json "lm_head": the heads share the target's LM head
 
-# The default tree (issue: a small tree is the default; the step costs what its rows cost): the top-1 chain of
+# The default tree is small (a step costs what its rows cost): the top-1 chain of
 # every head plus the second choice of the first head, 1 + 5 rows for 3+ heads.
 DEFAULT_CHOICES: tuple[tuple[int, ...], ...] = ((0,), (0, 0), (1,), (0, 0, 0), (0, 1))
 
