@@ -26,6 +26,8 @@ ModelControlMode = Literal["none", "explicit", "poll"]
 DEFAULT_LOG_TAIL_LINES = 40
 _MAX_REASON_LINES = 20
 
+METRICS_GRACE_S = 10.0  # how long ready waits for the metrics port once HTTP is ready
+
 
 class ServerError(RuntimeError):
     """Base class of the errors raised by ``trtspec.server``."""
@@ -420,13 +422,20 @@ class TritonServer(abc.ABC):
             raise ServerError("wait_ready() called before start()")
         deadline = time.monotonic() + timeout
         ep = self.endpoints
+        ready_at = None
         while True:
             rc = self.returncode
             if rc is not None:
                 raise self._start_error(f"tritonserver exited with code {rc} before it was ready.")
             status = http_get_status(f"{ep.http}/v2/health/ready", timeout=min(2.0, max(0.2, poll_interval * 5)))
+            # Triton starts its metrics service after HTTP reports ready: ready means both answer, so that a
+            # Prometheus scrape right after start does not find the port closed (a metrics port that never opens
+            # delays ready by METRICS_GRACE_S at most)
             if status == 200:
-                return
+                ready_at = ready_at or time.monotonic()
+                if (not self.options.allow_metrics or time.monotonic() - ready_at > METRICS_GRACE_S
+                        or http_get_status(ep.metrics, timeout=2.0) == 200):
+                    return
             if status is not None:  # up, but not ready: did a model fail to load?
                 index = repository_index(ep.http)
                 failed = failed_models_from_index(index or [])
