@@ -112,7 +112,7 @@ class Stack:
         rows, tokens = x.shape[:2]
         pos = slice(ctx, ctx + tokens)
         if self.fc is not None:  # EAGLE-3: fc over the captured hidden states; QKV reads [embedding, hidden]
-            x = head_in @ self.fc.T if head_in.shape[-1] == self.fc.shape[1] else head_in
+            x = head_in @ self.fc.T
         for layer in self.layers:
             inp = torch.cat([x, x], -1) if layer["qkv"].shape[1] != x.shape[-1] else x
             qkv = self._rms(inp, layer["ln1"]) @ layer["qkv"].T

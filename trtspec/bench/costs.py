@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -244,18 +245,27 @@ class StepGrid:
                 per_token[key] = max(s["ms"] - cells[key], 0.0) / (s["rows"] * (s["context"] - base))
         return cls(cells, base, per_token)
 
+    @cached_property
+    def _by_rows(self) -> dict[int, dict[int, float]]:
+        """Row count -> {tokens in all: ms}, the row counts ascending."""
+        out: dict[int, dict[int, float]] = {}
+        for (r, t), ms in sorted(self.cells.items()):
+            out.setdefault(r, {})[r * t] = ms
+        return out
+
+    @cached_property
+    def _envelope(self) -> dict[int, float]:
+        return _envelope([(r * t, ms) for (r, t), ms in self.cells.items()])
+
     def _at_rows(self, rows: int, tokens: float) -> float:
         """Interpolated along the tokens measured at this row count (a measured count); past the most measured
         there, the most (what more tokens add comes from the envelope over every row count)."""
-        points = self._points(rows)
+        points = self._by_rows[rows]
         return _interp(points, min(tokens, max(points)))
-
-    def _points(self, rows: int) -> dict[int, float]:
-        return {r * t: ms for (r, t), ms in self.cells.items() if r == rows}
 
     def ms(self, rows: int, tokens: int, context: int) -> float:
         """A step of `rows` rows holding `tokens` tokens in all over `context` cached tokens in all."""
-        measured = sorted({r for r, _ in self.cells})
+        measured = list(self._by_rows)
         rows = max(rows, 1)
         lo = max([r for r in measured if r <= rows], default=measured[0])
         hi = min([r for r in measured if r >= rows], default=measured[-1])
@@ -263,16 +273,17 @@ class StepGrid:
         per_row = tokens / rows  # between measured row counts, at as many tokens a row
         at_lo, at_hi = self._at_rows(lo, lo * per_row), self._at_rows(hi, hi * per_row)
         grid = at_lo if lo == hi else at_lo + (at_hi - at_lo) * (rows - lo) / (hi - lo)
-        if per_row > min(max(self._points(lo)) / lo, max(self._points(hi)) / hi):
+        if per_row > min(max(self._by_rows[lo]) / lo, max(self._by_rows[hi]) / hi):
             # a prefill chunk holds more tokens than the rows measured: at least what as many tokens cost anywhere,
             # and past the most measured, what each more token adds to a long row's step (compute-bound there)
-            envelope = _envelope([(r * t, ms) for (r, t), ms in self.cells.items()])
+            envelope = self._envelope
             most = max(envelope)
             grid = max(grid, _interp(envelope, tokens) if tokens <= most
-                       else envelope[most] + self.per_token_ms() * (tokens - most))
+                       else envelope[most] + self._per_token_ms * (tokens - most))
         return grid + self._kv(rows, tokens, context)
 
-    def per_token_ms(self) -> float:
+    @cached_property
+    def _per_token_ms(self) -> float:
         """What one more token adds to a step where arithmetic bounds it: between the two longest one-row steps
         measured (a prompt's prefill), else the two heaviest steps by their tokens."""
         rows = sorted(((r * t, ms) for (r, t), ms in self.cells.items() if r == 1), reverse=True)
