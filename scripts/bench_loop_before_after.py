@@ -87,7 +87,7 @@ def main() -> int:
     p.add_argument("--output", type=Path, default=REPO / "bench-results" / "loop-before-after")
     p.add_argument("extra", nargs="*", help="options for both benchmarks, after --")
     args = p.parse_args()
-    from trtspec.bench.loop import TARGET_OVERHEAD_ROUND_TRIPS
+    from trtspec.bench.loop_derive import TARGET_OVERHEAD_ROUND_TRIPS
 
     out = args.output.resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The pure parts of the loop benchmark (trtspec.bench.loop): no server, no model, no timing."""
+"""The pure parts of the loop benchmark (trtspec.bench.loop and its parts): no server, no model, no timing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from trtspec.spec import speculative as spec
-from trtspec.bench import loop as bl
+from trtspec.bench import loop_derive, loop_report, loop_server, loop_settings, loop_stats
 from trtspec.spec.metrics import SpecStats
 
 
@@ -110,7 +110,7 @@ AFTER = {
 
 
 def test_stats_delta_per_model_and_part():
-    d = bl.stats_delta(BEFORE, AFTER)
+    d = loop_stats.stats_delta(BEFORE, AFTER)
     assert set(d) == {"tensorrt_llm", "tensorrt_llm_draft", "preprocessing", "postprocessing"}
     t = d["tensorrt_llm"]
     assert t["compute_infer"] == {"count": 50, "ns": 3_000_000_000}
@@ -120,32 +120,32 @@ def test_stats_delta_per_model_and_part():
     assert d["tensorrt_llm_draft"]["compute_infer"] == {"count": 50, "ns": 1_000_000_000}
     assert d["postprocessing"]["compute_infer"] == {"count": 1, "ns": 700_000}
     # restricting to some models
-    assert set(bl.stats_delta(BEFORE, AFTER, ["tensorrt_llm", "missing"])) == {"tensorrt_llm"}
+    assert set(loop_stats.stats_delta(BEFORE, AFTER, ["tensorrt_llm", "missing"])) == {"tensorrt_llm"}
 
 
 def test_stats_delta_sums_versions():
     two = {"model_stats": [_entry("m", 1, 100), dict(_entry("m", 2, 300), version="2")]}
-    assert bl.stats_delta({"model_stats": []}, two)["m"]["compute_infer"] == {"count": 3, "ns": 400}
+    assert loop_stats.stats_delta({"model_stats": []}, two)["m"]["compute_infer"] == {"count": 3, "ns": 400}
 
 
 def test_engine_time_and_overhead_per_iteration():
-    d = bl.stats_delta(BEFORE, AFTER)
-    eng = bl.engine_ns(d)
+    d = loop_stats.stats_delta(BEFORE, AFTER)
+    eng = loop_stats.engine_ns(d)
     # target: 3e9 + 5e6 + 10e6; draft: 1e9 + 5e6 + 7.5e6
     assert eng == 3_015_000_000 + 1_012_500_000
-    assert bl.engine_ns(d, ["tensorrt_llm"], ["compute_infer"]) == 3_000_000_000
-    assert bl.engine_calls(d, "tensorrt_llm_draft") == 50
+    assert loop_stats.engine_ns(d, ["tensorrt_llm"], ["compute_infer"]) == 3_000_000_000
+    assert loop_stats.engine_calls(d, "tensorrt_llm_draft") == 50
     # client saw 4.1 s for 50 iterations: (4.1 - 4.0275) / 50 = 1.45 ms per iteration
-    assert bl.overhead_per_iteration(4.1, eng, 50) == pytest.approx(0.00145)
-    assert bl.overhead_per_iteration(4.1, eng, 0) is None
+    assert loop_stats.overhead_per_iteration(4.1, eng, 50) == pytest.approx(0.00145)
+    assert loop_stats.overhead_per_iteration(4.1, eng, 0) is None
 
 
 def test_add_deltas_accumulates_requests():
-    d1 = bl.stats_delta(BEFORE, AFTER)
-    total = bl.add_deltas({}, d1)
-    total = bl.add_deltas(total, d1)
+    d1 = loop_stats.stats_delta(BEFORE, AFTER)
+    total = loop_stats.add_deltas({}, d1)
+    total = loop_stats.add_deltas(total, d1)
     assert total["tensorrt_llm"]["compute_infer"] == {"count": 100, "ns": 6_000_000_000}
-    assert bl.engine_ns(total) == 2 * bl.engine_ns(d1)
+    assert loop_stats.engine_ns(total) == 2 * loop_stats.engine_ns(d1)
 
 
 def test_summarize_server_on_hand_made_records():
@@ -156,7 +156,7 @@ def test_summarize_server_on_hand_made_records():
             "tensorrt_llm": _delta(target_calls, target_ns),
             "tensorrt_llm_draft": _delta(draft_calls, draft_ns),
         }
-        return bl.LoopRecord(pid, kind, endpoint, wall, tokens, SpecStats.from_wire(stats), delta)
+        return loop_server.LoopRecord(pid, kind, endpoint, wall, tokens, SpecStats.from_wire(stats), delta)
 
     toks = list(range(40))
     records = [
@@ -169,7 +169,7 @@ def test_summarize_server_on_hand_made_records():
         rec("grounded-0", "grounded", "speculative", 2.0, toks[:-1] + [99],
             {"num_iterations": 20, "total_draft_tokens": 60, "total_accepted_draft_tokens": 20}, 1_800_000_000, 20, 100_000_000, 20),
     ]
-    s = bl.summarize_server(records, ["chat", "grounded"], k)["per_kind"]
+    s = loop_server.summarize_server(records, ["chat", "grounded"], k)["per_kind"]
     chat = s["chat"]
     assert chat["identical"] == 1 and chat["compared"] == 1
     assert chat["speedup"] == pytest.approx(4.0 / 3.0)
@@ -205,13 +205,13 @@ def test_derive_and_report_render_without_crashing():
     k = 3
     toks = list(range(10))
     recs = [
-        bl.LoopRecord("chat-0", "chat", "baseline", 1.0, toks, SpecStats(num_iterations=10),
+        loop_server.LoopRecord("chat-0", "chat", "baseline", 1.0, toks, SpecStats(num_iterations=10),
                          {"tensorrt_llm": _delta(10, 900_000_000)}),
-        bl.LoopRecord("chat-0", "chat", "speculative", 0.9, toks,
+        loop_server.LoopRecord("chat-0", "chat", "speculative", 0.9, toks,
                       SpecStats(num_iterations=6, total_draft_tokens=18, total_accepted_draft_tokens=4),
                          {"tensorrt_llm": _delta(6, 600_000_000), "tensorrt_llm_draft": _delta(6, 200_000_000)}),
     ]
-    summary = bl.summarize_server(recs, ["chat"], k)
+    summary = loop_server.summarize_server(recs, ["chat"], k)
     results = {
         "command": "trtspec bench-loop --max-tokens 10",
         "machine": {"cpu_count": 2},
@@ -233,7 +233,7 @@ def test_derive_and_report_render_without_crashing():
                        "ctx1024": {"median_s": 0.11, "all_s": [0.11], "computed_tokens": 4, "reused_tokens": 1023}},
         },
     }
-    bl.derive(results, ["chat"], k)
+    loop_derive.derive(results, ["chat"], k)
     e = results["server"]["summary"]["per_kind"]["chat"]
     tau = (4 + 6) / 6
     alpha = spec.solve_alpha(tau, k)
@@ -246,13 +246,13 @@ def test_derive_and_report_render_without_crashing():
     assert ov["speculative_per_iteration_s"] == pytest.approx((0.9 - 0.8) / 6)
     assert ov["limit_s"] == pytest.approx(3 * 0.0004) and ov["limit_round_trips"] == 3
     results["settings"]["draft_source"] = "ngram"  # no draft-model call per iteration: a tighter target
-    bl.derive(results, ["chat"], k)
+    loop_derive.derive(results, ["chat"], k)
     assert results["server"]["overhead"]["limit_s"] == pytest.approx(1.5 * 0.0004)
-    assert "1.5 BLS round trips" in bl.render_report(results, ["chat"])
+    assert "1.5 BLS round trips" in loop_report.render_report(results, ["chat"])
     assert results["inprocess"]["cost"]["c_server"] == pytest.approx((0.2 / 18) / 0.09)
     names = [c["check"] for c in results["checks"]]
     assert any("0.9 S" in n for n in names) and any("verify" in n for n in names)
-    text = bl.render_report(results, ["chat"])
+    text = loop_report.render_report(results, ["chat"])
     assert "| chat |" in text and "Targets" in text and not math.isnan(e["S"])
 
 
@@ -262,7 +262,7 @@ def test_cli_defaults_are_the_settings_defaults():
 
     params = command.make_context("bench-loop", []).params
     defaults = {k: v for k, v in params.items() if k not in ("rerender", "kinds")}
-    args = bl.LoopBenchArgs()
+    args = loop_settings.LoopBenchArgs()
     for name, value in defaults.items():
         assert getattr(args, name) == value, name
     assert (args.k, args.max_tokens, args.protocol, args.draft_source) == (3, 128, "http", "model")
