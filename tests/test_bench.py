@@ -720,7 +720,7 @@ def test_plot_legends_name_the_policy(tmp_path, monkeypatch):
     import matplotlib.figure
 
     from trtspec.bench import build_results
-    from trtspec.bench.report import plot_all, series_label
+    from trtspec.bench.plots import plot_all, series_label
 
     legends: dict[str, list[str]] = {}
 
