@@ -35,8 +35,8 @@ from trtspec.bench.prompts import Prompt
 from trtspec.bench.runner import (
     BASELINE, ENSEMBLE, BenchError, BenchSettings, Cell, RequestRecord, check_deployment, one_request,
 )
+from trtspec.bench.rss import RssSample, RssSampler, rss_summary
 from trtspec.spec.metrics import AFTER_CANCEL_COUNTER, CANCELLED_COUNTER, EMITTED_COUNTER, REQUESTS_COUNTER
-from trtspec.profiling.sampler import process_name, process_tree, read_proc_stat
 
 SCHEMA = "trtspec-soak/1"
 COUNTERS = (REQUESTS_COUNTER, EMITTED_COUNTER, CANCELLED_COUNTER, AFTER_CANCEL_COUNTER)
@@ -106,60 +106,6 @@ class SoakRecord:
     record: RequestRecord
     bad: BadRequest | None = None
     finished: float = 0.0  # perf_counter when the client had its answer (or its error)
-
-
-# ------------------------------------------------------------------------------------------------ RSS
-
-
-@dataclass
-class RssSample:
-    t: float  # seconds since the load started (negative: before)
-    total: int
-    by_process: dict[str, int]
-
-
-def sample_rss(pids: Sequence[int]) -> tuple[int, dict[str, int]]:
-    """Summed RSS of the processes and their descendants (from /proc), and per process (by telling name)."""
-    by: dict[str, int] = {}
-    for pid in process_tree(pids):
-        s = read_proc_stat(pid)
-        if s is not None:
-            name = f"{process_name(pid) or s.comm}"
-            by[name] = by.get(name, 0) + s.rss_bytes
-    return sum(by.values()), by
-
-
-class RssSampler:
-    def __init__(self, pids: Sequence[int] | Callable[[], Sequence[int]], interval_s: float, t0: float) -> None:
-        # a callable: the server's processes now (a restarted server has new ones)
-        self._pids = pids if callable(pids) else (lambda fixed=list(pids): fixed)
-        self.interval_s, self.t0 = interval_s, t0
-        self.samples: list[RssSample] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="soak-rss")
-
-    @property
-    def pids(self) -> list[int]:
-        return [p for p in self._pids() if p]
-
-    def take(self) -> None:
-        if self.pids:
-            total, by = sample_rss(self.pids)
-            self.samples.append(RssSample(time.perf_counter() - self.t0, total, by))
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.take()
-
-    def start(self) -> "RssSampler":
-        self.take()
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.take()
 
 
 # ------------------------------------------------------------------------------------------------ faults
@@ -321,6 +267,70 @@ def log_error_lines(text: str) -> list[str]:
     return out
 
 
+class SoakLoad:
+    """The soak's clients: `streams` threads that send requests back to back until the deadline, alternating the
+    two endpoints; a share of the clients leave early and a share of the requests carry a bad value."""
+
+    def __init__(self, bench: BenchSettings, soak: SoakSettings, prompts: Sequence[Prompt], cells: Sequence[Cell],
+                 deadline: float, watchdog: Any) -> None:
+        self.bench, self.soak, self.prompts, self.cells = bench, soak, prompts, cells
+        self.deadline, self.watchdog = deadline, watchdog
+        self.bad_settings = (bench if soak.grpc_url is None
+                             else dataclasses.replace(bench, protocol="grpc", url=soak.grpc_url))
+        self.bad_set = soak.bad_requests(bench.protocol)
+        self.records: list[SoakRecord] = []
+        self._lock = threading.Lock()
+        self._counter = iter(range(10**9))
+        self._stop = threading.Event()
+
+    def run(self, t0: float, on_tick: Callable[[list[SoakRecord], float], None] | None) -> None:
+        """Runs the clients until the deadline, calling `on_tick` with the records so far every second."""
+        threads = [threading.Thread(target=self._client, args=(i,), daemon=True, name=f"soak-{i}")
+                   for i in range(self.soak.streams)]
+        for t in threads:
+            t.start()
+        try:
+            while any(t.is_alive() for t in threads):
+                time.sleep(1.0)
+                if on_tick is not None:
+                    with self._lock:
+                        snapshot = list(self.records)
+                    on_tick(snapshot, time.perf_counter() - t0)
+        except KeyboardInterrupt:
+            self._stop.set()
+            raise
+
+    def _client(self, i: int) -> None:
+        rng = random.Random(self.soak.seed * 1000 + i)
+        n = 0
+        while not self._stop.is_set() and time.perf_counter() < self.deadline:
+            if self.watchdog is not None:  # as a client told to retry later would: no requests into a restart
+                waited = time.perf_counter()
+                while self.watchdog.unready and time.perf_counter() - waited < RECOVERY_BOUND_S:
+                    time.sleep(0.1)
+            with self._lock:
+                index = next(self._counter)
+            cell = self.cells[(i + n) % 2]
+            n += 1
+            out = self._request(rng, cell, index, self.prompts[index % len(self.prompts)])
+            out.finished = time.perf_counter()
+            with self._lock:
+                self.records.append(out)
+
+    def _request(self, rng: random.Random, cell: Cell, index: int, prompt: Prompt) -> SoakRecord:
+        """One request: bad, one whose client leaves early, or a normal one, as `rng` rolls."""
+        bench, soak = self.bench, self.soak
+        roll = rng.random()
+        if self.bad_set and roll < soak.bad_share:
+            bad = rng.choice(self.bad_set)
+            s = self.bad_settings if bad.grpc_only else bench
+            return SoakRecord("bad", one_request(s, cell, index, prompt, False, extra=bad.fields), bad)
+        if roll < soak.bad_share + soak.disconnect_share:
+            return SoakRecord("disconnect", one_request(bench, cell, index, prompt, False,
+                                                        leave_after=rng.randint(1, 3)))
+        return SoakRecord("normal", one_request(bench, cell, index, prompt, False))
+
+
 def run_soak(
     bench: BenchSettings,
     soak: SoakSettings,
@@ -334,8 +344,6 @@ def run_soak(
     check_deployment(bench, [ENSEMBLE, BASELINE])
     k = max((k for k in bench.draft_tokens if k > 0), default=0)
     cells = [Cell(soak.streams, k, ENSEMBLE), Cell(soak.streams, 0, BASELINE)]
-    bad_settings = bench if soak.grpc_url is None else dataclasses.replace(bench, protocol="grpc", url=soak.grpc_url)
-    bad_set = soak.bad_requests(bench.protocol)
     for cell in cells:  # warm-up: not counted, not sampled
         rec = one_request(bench, cell, -1, prompts[0], True)
         if rec.error:
@@ -346,40 +354,6 @@ def run_soak(
     t0 = time.perf_counter()
     pids = (lambda: [soak.server.pid]) if soak.fault_every_s else soak.server_pids
     sampler = RssSampler(pids, soak.rss_interval_s, t0).start()
-    deadline = t0 + soak.minutes * 60
-    lock = threading.Lock()
-    records: list[SoakRecord] = []
-    counter = iter(range(10**9))
-    stop = threading.Event()
-
-    def worker(i: int) -> None:
-        rng = random.Random(soak.seed * 1000 + i)
-        n = 0
-        while not stop.is_set() and time.perf_counter() < deadline:
-            if watchdog is not None:  # as a client told to retry later would: no requests into a restart
-                waited = time.perf_counter()
-                while watchdog.unready and time.perf_counter() - waited < RECOVERY_BOUND_S:
-                    time.sleep(0.1)
-            with lock:
-                index = next(counter)
-            cell = cells[(i + n) % 2]
-            n += 1
-            prompt = prompts[index % len(prompts)]
-            roll = rng.random()
-            if bad_set and roll < soak.bad_share:
-                bad = rng.choice(bad_set)
-                s = bad_settings if bad.grpc_only else bench
-                out = SoakRecord("bad", one_request(s, cell, index, prompt, False, extra=bad.fields), bad)
-            elif roll < soak.bad_share + soak.disconnect_share:
-                out = SoakRecord("disconnect", one_request(bench, cell, index, prompt, False,
-                                                           leave_after=rng.randint(1, 3)))
-            else:
-                out = SoakRecord("normal", one_request(bench, cell, index, prompt, False))
-            out.finished = time.perf_counter()
-            with lock:
-                records.append(out)
-
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True, name=f"soak-{i}") for i in range(soak.streams)]
     watchdog: Any = None
     injector: FaultInjector | None = None
     if soak.fault_every_s:
@@ -387,18 +361,9 @@ def run_soak(
 
         watchdog = deployment_watchdog(soak.server, give_up_s=RECOVERY_BOUND_S).start()
         injector = FaultInjector(watchdog, soak.fault_every_s, soak.seed).start()
-    for t in threads:
-        t.start()
+    load = SoakLoad(bench, soak, prompts, cells, t0 + soak.minutes * 60, watchdog)
     try:
-        while any(t.is_alive() for t in threads):
-            time.sleep(1.0)
-            if on_tick is not None:
-                with lock:
-                    snapshot = list(records)
-                on_tick(snapshot, time.perf_counter() - t0)
-    except KeyboardInterrupt:
-        stop.set()
-        raise
+        load.run(t0, on_tick)
     finally:
         if injector is not None:
             injector.stop()
@@ -409,14 +374,19 @@ def run_soak(
     after = _scrape(metrics_url)
     time.sleep(soak.settle_s)
     sampler.stop()
-    log_errors: list[str] = []
-    if soak.log_file is not None and soak.log_file.exists():
-        with soak.log_file.open("rb") as f:
-            f.seek(log_offset)
-            log_errors = log_error_lines(f.read().decode("utf-8", errors="replace"))
-    records.sort(key=lambda r: r.record.index)
+    log_errors = _log_errors_since(soak.log_file, log_offset)
+    records = sorted(load.records, key=lambda r: r.record.index)
     return SoakRun(soak, bench, records, load_end, before, after, sampler.samples, load_end, _ready(bench),
                    log_errors, k, injector.faults if injector else [], t0)
+
+
+def _log_errors_since(log_file: Path | None, offset: int) -> list[str]:
+    """The error lines the server's log gained after `offset`."""
+    if log_file is None or not log_file.exists():
+        return []
+    with log_file.open("rb") as f:
+        f.seek(offset)
+        return log_error_lines(f.read().decode("utf-8", errors="replace"))
 
 
 def _scrape(url: str | None) -> dict[Sample, float] | None:
@@ -433,29 +403,6 @@ def _scrape(url: str | None) -> dict[Sample, float] | None:
 
 def counter(samples: dict[Sample, float], name: str, model: str) -> float:
     return sum(v for (n, labels), v in samples.items() if n == name and ("model", model) in labels)
-
-
-def _rss_summary(rss: Sequence[RssSample], load_end_t: float) -> dict[str, Any]:
-    if not rss:
-        return {"num_samples": 0}
-    start, end = rss[0], rss[-1]
-    during = [s for s in rss if s.t <= load_end_t] or [start]
-    peak = max(rss, key=lambda s: s.total)
-    end_of_load = during[-1]
-    return {
-        "num_samples": len(rss),
-        "start_bytes": start.total,
-        "peak_bytes": peak.total,
-        "peak_t_s": peak.t,
-        "end_of_load_bytes": end_of_load.total,
-        "end_bytes": end.total,
-        "end_t_s": end.t,
-        "end_vs_start": end.total / start.total - 1 if start.total else None,
-        "by_process": {name: {"start": start.by_process.get(name), "peak": peak.by_process.get(name),
-                              "end": end.by_process.get(name)}
-                       for name in sorted(set(start.by_process) | set(end.by_process))},
-        "timeline": [[round(s.t, 1), s.total] for s in rss],
-    }
 
 
 def summarize(run: SoakRun) -> dict[str, Any]:
@@ -488,7 +435,7 @@ def summarize(run: SoakRun) -> dict[str, Any]:
             "one_iteration": iteration_tokens[e]}
         for e, m in server.items()
     }
-    rss = _rss_summary(run.rss, run.load_end_t)
+    rss = rss_summary(run.rss, run.load_end_t)
     checks = {
         "no_errors": not errored,
         "bad_requests_refused_by_name": not unexpected_bad,
