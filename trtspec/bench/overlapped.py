@@ -2,13 +2,14 @@
 
 The lock-step simulator (trtspec.bench.simulate) runs a draft call and then a target step, as one GPU does. A CPU
 deployment of the reference engine runs its two engines on separate cores: each engine steps its own in-flight
-batch (trtspec.reference_engine.batching) while the other steps, and a request's draft call overlaps other requests' target steps.
+batch (trtspec.reference_engine.batching) while the other steps, and a request's draft call overlaps other
+requests' target steps.
 Here each engine is a server on its own clock: a request submitted while a step runs joins the next one, a draft
 call of k tokens is k draft steps (the first also prefilling what the draft model has not seen), a verify call one
 target step of 1 + k tokens, a plain run of n tokens n steps. Every engine call also costs `call_s` of the loop's
 own (a Triton round trip and its Python) before it reaches the engine. After a target step the engine waits, up
-to `call_s`, for the requests it answered that come straight back with a plain call, as trtspec.reference_engine.batching does
-(it does not wait for ones that draft first).
+to `call_s`, for the requests it answered that come straight back with a plain call, as
+trtspec.reference_engine.batching does (it does not wait for ones that draft first).
 
 Each request's planner is told the wall time of its own calls, as the loop measures them.
 """
@@ -97,118 +98,140 @@ def simulate_overlapped(
     spec = SpeculativeConfig(max_draft_len=max(policy.k, 1), num_draft_tokens=policy.k,
                              draft_length_policy="adaptive" if policy.adaptive else "fixed",
                              adaptive=AdaptivePolicy(batched_steps=False))
-    rng = np.random.default_rng(seed)
-    estimates = Estimates()
-    result = CellResult(policy.name, concurrency_label, acceptance.name)
-    sources = ("model",) if policy.k else ()
     pol = RequestPolicy(max_tokens=max_tokens, num_draft_tokens=policy.k, adaptive=policy.adaptive,
                         selection="model", stream=stream)
-    target = _Engine(lambda rows, tokens: costs.target_step(rows, tokens, 0), max_batch)
-    drafter = _Engine(lambda rows, tokens: costs.draft_step(rows, tokens, 0), max_batch)
-    events: list[tuple[float, int, str, object]] = []
-    order = itertools.count()
-    active: list[_Live] = []
-    started = finished = 0
-    now = 0.0
+    sources = ("model",) if policy.k else ()
+    run = _OverlappedRun(costs, spec, pol, sources, schedule, acceptance, requests=requests, prompt=prompt,
+                         max_tokens=max_tokens, seed=seed, call_s=call_s, max_batch=max_batch,
+                         result=CellResult(policy.name, concurrency_label, acceptance.name))
+    return run.run()
 
-    def at(t: float, kind: str, payload: object = None) -> None:
-        heapq.heappush(events, (t, next(order), kind, payload))
 
-    def kick(engine: _Engine, waited: bool = False) -> None:
-        step = engine.start(now, waited)
+class _OverlappedRun:
+    """One simulated cell: the two engines, the requests in flight, and the events on one clock (calls arriving at
+    an engine, steps ending, a target's wait for the requests it answered ending)."""
+
+    def __init__(self, costs: Costs, spec: SpeculativeConfig, pol: RequestPolicy, sources: tuple[str, ...],
+                 schedule: Schedule, acceptance: Acceptance, *, requests: int, prompt: int, max_tokens: int,
+                 seed: int, call_s: float, max_batch: int, result: CellResult) -> None:
+        self.spec, self.pol, self.schedule, self.acceptance = spec, pol, schedule, acceptance
+        self.requests, self.prompt, self.max_tokens, self.call_s = requests, prompt, max_tokens, call_s
+        self.result = result
+        self.rng = np.random.default_rng(seed)
+        self.estimates = Estimates()
+        self.sources = sources
+        self.target = _Engine(lambda rows, tokens: costs.target_step(rows, tokens, 0), max_batch)
+        self.drafter = _Engine(lambda rows, tokens: costs.draft_step(rows, tokens, 0), max_batch)
+        self.events: list[tuple[float, int, str, object]] = []
+        self.order = itertools.count()
+        self.active: list[_Live] = []
+        self.started = self.finished = 0
+        self.now = 0.0
+
+    def run(self) -> CellResult:
+        self.admit()
+        while self.events:
+            self.now, _, kind, payload = heapq.heappop(self.events)
+            if kind == "send":
+                engine, work = payload
+                engine.waiting.append(work)
+                engine.expected.discard(id(work.request))
+                self.kick(engine)
+            elif kind == "hold":
+                self.kick(payload, waited=True)
+            else:
+                self.step_ended(payload)
+        return self.result
+
+    def at(self, t: float, kind: str, payload: object = None) -> None:
+        heapq.heappush(self.events, (t, next(self.order), kind, payload))
+
+    def kick(self, engine: _Engine, waited: bool = False) -> None:
+        """Starts the engine's next step if it can, and schedules its end."""
+        step = engine.start(self.now, waited)
         if step is not None:
             end, _, tokens = step
             for w in engine.running:
-                if engine is target:
+                if engine is self.target:
                     w.request.step_tokens = tokens
                 else:
                     w.request.draft_batch = max(w.request.draft_batch, len(engine.running))
-            at(end, "step", engine)
+            self.at(end, "step", engine)
 
-    def admit() -> None:
-        nonlocal started
-        want = schedule(finished / requests)
-        while len(active) < want and started < requests:
-            n = int(rng.integers(max_tokens // 2, max_tokens * 3 // 2 + 1))
-            planner = Planner(spec, estimates, dataclasses.replace(pol, max_tokens=n), sources)
-            live = _Live(SyntheticRequest(planner, np.random.default_rng(rng.integers(1 << 62)), prompt, n))
-            active.append(live)
-            started += 1
-            begin(live)
+    def admit(self) -> None:
+        """New requests, while the schedule's load at this progress wants more in flight."""
+        want = self.schedule(self.finished / self.requests)
+        while len(self.active) < want and self.started < self.requests:
+            n = int(self.rng.integers(self.max_tokens // 2, self.max_tokens * 3 // 2 + 1))
+            planner = Planner(self.spec, self.estimates, dataclasses.replace(self.pol, max_tokens=n), self.sources)
+            live = _Live(SyntheticRequest(planner, np.random.default_rng(self.rng.integers(1 << 62)), self.prompt, n))
+            self.active.append(live)
+            self.started += 1
+            self.begin(live)
 
-    def begin(live: _Live) -> None:
+    def begin(self, live: _Live) -> None:
         """An iteration: plan it, then send its first call (after the loop's own call_s)."""
         r = live.r
-        progress = finished / requests
-        live.plan = plan = r.planner.plan(len(active), r.seq, r.propose)
-        live.draft = r.draft(plan.k, acceptance, progress) if plan.calls_draft_model else list(plan.tokens or [])
-        live.started, live.draft_s, live.draft_batch = now, None, 1
+        progress = self.finished / self.requests
+        live.plan = plan = r.planner.plan(len(self.active), r.seq, r.propose)
+        live.draft = (r.draft(plan.k, self.acceptance, progress) if plan.calls_draft_model
+                      else list(plan.tokens or []))
+        live.started, live.draft_s, live.draft_batch = self.now, None, 1
         if plan.calls_draft_model and live.draft:
-            target.expected.discard(id(live))
-            at(now + call_s, "send", (drafter, _Work(live, len(live.draft), 1 + max(plan.missed - 2, 0))))
+            self.target.expected.discard(id(live))
+            work = _Work(live, len(live.draft), 1 + max(plan.missed - 2, 0))
+            self.at(self.now + self.call_s, "send", (self.drafter, work))
         else:
-            send_target(live)
+            self.send_target(live)
 
-    def send_target(live: _Live) -> None:
+    def send_target(self, live: _Live) -> None:
         plan, r = live.plan, live.r
         remaining = r.max_tokens - (len(r.seq) - r.prompt)
         steps = 1 if live.draft else min(plan.plain, remaining)
         tokens = (r.prompt if live.first else 1) + len(live.draft)
-        at(now + call_s, "send", (target, _Work(live, steps, tokens)))
+        self.at(self.now + self.call_s, "send", (self.target, _Work(live, steps, tokens)))
 
-    def answered(live: _Live) -> None:
+    def step_ended(self, engine: _Engine) -> None:
+        """An engine's step ended: the calls it finished are answered, and the engine steps on."""
+        engine.busy = False
+        done = []
+        for w in engine.running:
+            w.steps -= 1
+            w.tokens = 1
+            if w.steps == 0:
+                done.append(w)
+        engine.running = [w for w in engine.running if w.steps]
+        if engine is self.target and done:
+            engine.expected = {id(w.request) for w in done}
+            engine.hold_until = self.now + self.call_s
+        for w in done:
+            live = w.request
+            if engine is self.drafter:
+                live.draft_s = self.now - live.started
+                self.send_target(live)
+            else:
+                self.answered(live)
+        if engine is self.target and done:  # after the answered ones' calls, which arrive at the same moment
+            self.at(engine.hold_until, "hold", engine)
+        self.kick(engine)
+
+    def answered(self, live: _Live) -> None:
         """The target answered the iteration's call: outcome, then the next iteration or the request's end."""
-        nonlocal finished
         r, plan = live.r, live.plan
-        verify_s = now - live.started - (live.draft_s or 0.0)
+        verify_s = self.now - live.started - (live.draft_s or 0.0)
         remaining = r.max_tokens - (len(r.seq) - r.prompt)
         new, accepted = r.answer(live.draft, min(plan.plain, remaining))
         added = new[:remaining]
         r.seq += added
-        result.count(live.draft, accepted, len(added))
-        r.planner.outcome(plan, len(active), live.draft, new, verify_s, live.draft_s, r.seq, len(added), r.propose,
-                          draft_batch=live.draft_batch, step_tokens=live.step_tokens)
+        self.result.count(live.draft, accepted, len(added))
+        r.planner.outcome(plan, len(self.active), live.draft, new, verify_s, live.draft_s, r.seq, len(added),
+                          r.propose, draft_batch=live.draft_batch, step_tokens=live.step_tokens)
         live.first = False
         if len(r.seq) - r.prompt >= r.max_tokens:
-            result.seconds = now  # the last request's end (a wait for returns after it is no one's time)
-            target.expected.discard(id(live))
-            active.remove(live)
-            finished += 1
-            admit()
+            self.result.seconds = self.now  # the last request's end (a wait for returns after it is no one's time)
+            self.target.expected.discard(id(live))
+            self.active.remove(live)
+            self.finished += 1
+            self.admit()
         else:
-            begin(live)
-
-    admit()
-    while events:
-        now, _, kind, payload = heapq.heappop(events)
-        if kind == "send":
-            engine, work = payload
-            engine.waiting.append(work)
-            engine.expected.discard(id(work.request))
-            kick(engine)
-        elif kind == "hold":
-            kick(payload, waited=True)
-        else:  # a step ended
-            engine = payload
-            engine.busy = False
-            done = []
-            for w in engine.running:
-                w.steps -= 1
-                w.tokens = 1
-                if w.steps == 0:
-                    done.append(w)
-            engine.running = [w for w in engine.running if w.steps]
-            if engine is target and done:
-                engine.expected = {id(w.request) for w in done}
-                engine.hold_until = now + call_s
-            for w in done:
-                live = w.request
-                if engine is drafter:
-                    live.draft_s = now - live.started
-                    send_target(live)
-                else:
-                    answered(live)
-            if engine is target and done:  # after the answered ones' calls, which arrive at the same moment
-                at(engine.hold_until, "hold", engine)
-            kick(engine)
-    return result
+            self.begin(live)
