@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from trtspec.profiling.sampler import process_name, process_tree, read_proc_stat
+from trtspec.profiling.procfs import process_name, process_tree, read_proc_stat
 
 
 @dataclass

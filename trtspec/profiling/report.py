@@ -230,7 +230,8 @@ def summarize(samples: Sequence[Sample], window: tuple[float, float] | None = No
     for name, src in sources.items():
         ordered = [m for m in METRICS if m in values[name]] + sorted(m for m in values[name] if m not in METRICS)
         src["metrics"] = {
-            m: {"unit": METRICS[m].unit if m in METRICS else "", **_stats(values[name][m], m in METRICS and METRICS[m].cumulative)}
+            m: {"unit": METRICS[m].unit if m in METRICS else "",
+                **_stats(values[name][m], m in METRICS and METRICS[m].cumulative)}
             for m in ordered
         }
     order = {"gpu": 0, "gpu_process": 1, "process": 2, "process_total": 3, "system": 4}
@@ -267,6 +268,10 @@ def _source_label(s: Sample) -> str:
     return s.source
 
 
+# plot series: group -> (source, metric) -> (x, y)
+_Series = dict[str, dict[tuple[str, str], tuple[list[float], list[float]]]]
+
+
 def plot_timeline(
     samples: Sequence[Sample],
     out_path: str | Path,
@@ -288,19 +293,7 @@ def plot_timeline(
     _, t0p = _t0(samples)  # the same origin as t_rel in the timeline files
     if requests and not samples:
         t0p = min(r[0] for r in requests)
-
-    # series: group -> metric -> source -> (x, y)
-    series: dict[str, dict[tuple[str, str], tuple[list[float], list[float]]]] = {}
-    labels: dict[str, str] = {}
-    for s in sorted(data, key=lambda s: s.t_perf):
-        labels.setdefault(s.source, _source_label(s))
-        for k, v in s.metrics.items():
-            if k in _NOT_PLOTTED:
-                continue
-            group = METRICS[k].group if k in METRICS else "other"
-            xs, ys = series.setdefault(group, {}).setdefault((s.source, k), ([], []))
-            xs.append(s.t_perf - t0p)
-            ys.append(float("nan") if v is None else float(v))
+    series, labels = _plot_series(data, t0p)
     panels = [(g, title) for g, title in PANELS if g in series and any(
         not all(math.isnan(y) for y in ys) for _, ys in series[g].values())]
     if "other" in series:
@@ -323,55 +316,15 @@ def plot_timeline(
         title += f", {len(requests)} requests"
     fig.suptitle(title)
 
-    label_colors: dict[str, Any] = {}
-    if requests:
-        palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
-                   "tab:olive", "tab:cyan", "tab:gray"]
-        for _, _, lab in requests:
-            label_colors.setdefault(lab, palette[len(label_colors) % len(palette)])
-        ax = axes[0]
-        counts = Counter(lab for _, _, lab in requests)
-        for lab, color in label_colors.items():
-            pts = sorted([(a - t0p, 1) for a, _, l in requests if l == lab] + [(b - t0p, -1) for _, b, l in requests if l == lab])
-            xs, ys, cur = [], [], 0
-            for x, d in pts:
-                cur += d
-                xs.append(x)
-                ys.append(cur)
-            ax.step(xs, ys, where="post", color=color, label=f"{lab} (n={counts[lab]})")
-        ax.set_ylabel("in flight")
-        ax.set_title("Requests in flight", fontsize=9, loc="left")
-        ax.legend(fontsize=7, loc="upper right", ncol=min(4, len(label_colors)))
-
-    shade = bool(requests) and len(requests) <= 300
+    label_colors = _plot_in_flight(axes[0], requests, t0p) if requests else {}
     colors = {src: f"C{i % 10}" for i, src in enumerate(sorted(labels))}  # one colour per source, all panels
     n_proc_sources = sum(1 for s in {d.source: d.kind for d in data}.values() if s == "process")
     for ax, (group, ptitle) in zip(axes[1 if requests else 0 :], panels):
         lines = series[group]
-        # keep the biggest sources when there are many (e.g. many Python-backend stubs)
-        def peak(item: tuple[tuple[str, str], tuple[list[float], list[float]]]) -> float:
-            ys = [y for y in item[1][1] if not math.isnan(y)]
-            return max(ys) if ys else -1.0
-
         if n_proc_sources < 2:  # the tree total of one process is that process again
             lines = {k: v for k, v in lines.items() if k[0] != "processes"}
-        items = sorted(lines.items(), key=peak, reverse=True)
-        shown = items[:_MAX_LINES_PER_PANEL]
-        for (source, metric), (xs, ys) in sorted(shown, key=lambda it: it[0]):
-            ls = "--" if metric in _DASHED else "-"
-            short = _SHORT.get(metric, metric)
-            ax.plot(xs, ys, ls, color=colors[source], lw=1.2, marker="." if len(xs) < 30 else None,
-                    label=f"{labels[source]} {short}".strip())
-        extra = len(items) - len(shown)
-        if group in _TOTALS:
-            tot = {labels[d.source]: d.metrics.get(_TOTALS[group]) for d in data if d.metrics.get(_TOTALS[group])}
-            if tot:
-                ptitle += "; total " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(tot.items()))
-        ax.set_title(ptitle + (f"  (+{extra} smaller series not shown)" if extra > 0 else ""), fontsize=9, loc="left")
-        ax.legend(fontsize=7, loc="upper right")
-        ax.grid(alpha=0.3)
-        if group in ("utilization", "cpu"):
-            ax.set_ylim(bottom=0)
+        _plot_panel(ax, group, ptitle, lines, labels, colors, data)
+    shade = bool(requests) and len(requests) <= 300
     for ax in axes:
         if shade:
             for a, b, lab in requests or []:
@@ -385,3 +338,69 @@ def plot_timeline(
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     return out
+
+
+def _plot_series(data: Sequence[Sample], t0p: float) -> tuple[_Series, dict[str, str]]:
+    """Each plotted metric's points per source, by plot group (seconds since `t0p`), and each source's label."""
+    series: _Series = {}
+    labels: dict[str, str] = {}
+    for s in sorted(data, key=lambda s: s.t_perf):
+        labels.setdefault(s.source, _source_label(s))
+        for k, v in s.metrics.items():
+            if k in _NOT_PLOTTED:
+                continue
+            group = METRICS[k].group if k in METRICS else "other"
+            xs, ys = series.setdefault(group, {}).setdefault((s.source, k), ([], []))
+            xs.append(s.t_perf - t0p)
+            ys.append(float("nan") if v is None else float(v))
+    return series, labels
+
+
+def _plot_in_flight(ax: Any, requests: list[tuple[float, float, str]], t0p: float) -> dict[str, Any]:
+    """The requests in flight over time, one line per label; returns each label's colour."""
+    palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+               "tab:olive", "tab:cyan", "tab:gray"]
+    label_colors: dict[str, Any] = {}
+    for _, _, lab in requests:
+        label_colors.setdefault(lab, palette[len(label_colors) % len(palette)])
+    counts = Counter(lab for _, _, lab in requests)
+    for lab, color in label_colors.items():
+        pts = sorted([(a - t0p, 1) for a, _, l in requests if l == lab]
+                     + [(b - t0p, -1) for _, b, l in requests if l == lab])
+        xs, ys, cur = [], [], 0
+        for x, d in pts:
+            cur += d
+            xs.append(x)
+            ys.append(cur)
+        ax.step(xs, ys, where="post", color=color, label=f"{lab} (n={counts[lab]})")
+    ax.set_ylabel("in flight")
+    ax.set_title("Requests in flight", fontsize=9, loc="left")
+    ax.legend(fontsize=7, loc="upper right", ncol=min(4, len(label_colors)))
+    return label_colors
+
+
+def _plot_panel(ax: Any, group: str, ptitle: str, lines: dict[tuple[str, str], tuple[list[float], list[float]]],
+                labels: dict[str, str], colors: dict[str, str], data: Sequence[Sample]) -> None:
+    """One metric group's panel: its biggest series (many Python-backend stubs would crowd it), and its totals."""
+
+    def peak(item: tuple[tuple[str, str], tuple[list[float], list[float]]]) -> float:
+        ys = [y for y in item[1][1] if not math.isnan(y)]
+        return max(ys) if ys else -1.0
+
+    items = sorted(lines.items(), key=peak, reverse=True)
+    shown = items[:_MAX_LINES_PER_PANEL]
+    for (source, metric), (xs, ys) in sorted(shown, key=lambda it: it[0]):
+        ls = "--" if metric in _DASHED else "-"
+        short = _SHORT.get(metric, metric)
+        ax.plot(xs, ys, ls, color=colors[source], lw=1.2, marker="." if len(xs) < 30 else None,
+                label=f"{labels[source]} {short}".strip())
+    extra = len(items) - len(shown)
+    if group in _TOTALS:
+        tot = {labels[d.source]: d.metrics.get(_TOTALS[group]) for d in data if d.metrics.get(_TOTALS[group])}
+        if tot:
+            ptitle += "; total " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(tot.items()))
+    ax.set_title(ptitle + (f"  (+{extra} smaller series not shown)" if extra > 0 else ""), fontsize=9, loc="left")
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(alpha=0.3)
+    if group in ("utilization", "cpu"):
+        ax.set_ylim(bottom=0)

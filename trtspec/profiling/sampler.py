@@ -32,10 +32,13 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import pynvml
+
+from trtspec.profiling.procfs import (
+    CLK_TCK, PROC, ProcNames, meminfo, process_tree, read_proc_stat, system_cpu_times, uptime,
+)
 
 log = logging.getLogger("trtspec.profiling")
 log.addHandler(logging.NullHandler())
@@ -57,7 +60,8 @@ class Metric:
 METRICS: dict[str, Metric] = {
     # NVML, per GPU
     "gpu_utilization": Metric("%", "utilization", "time a kernel was running (NVML utilization.gpu; not SM occupancy)"),
-    "memory_copy_utilization": Metric("%", "utilization", "time device memory was read or written (NVML utilization.memory)"),
+    "memory_copy_utilization": Metric("%", "utilization",
+                                      "time device memory was read or written (NVML utilization.memory)"),
     "gpu_memory_used": Metric("MiB", "memory", "GPU memory used (per GPU, or held by one process for gpu<i>/pid<p>)"),
     "gpu_memory_free": Metric("MiB", "memory", "GPU memory free"),
     "total_gpu_memory": Metric("MiB", "memory", "GPU memory total"),
@@ -213,159 +217,6 @@ class Sampler:
 
 
 # ------------------------------------------------------------------------------------------------
-# /proc helpers (Linux; psutil is not a dependency)
-# ------------------------------------------------------------------------------------------------
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_PROC = Path("/proc")
-
-
-@dataclass
-class ProcStat:
-    pid: int
-    ppid: int
-    comm: str
-    cpu_ticks: int  # utime + stime
-    start_ticks: int  # since boot
-    num_threads: int
-    rss_bytes: int
-
-
-def read_proc_stat(pid: int) -> ProcStat | None:
-    """Parse /proc/<pid>/stat; None if the process is gone."""
-    try:
-        raw = (_PROC / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    lp, rp = raw.find("("), raw.rfind(")")  # comm may hold spaces and parentheses
-    rest = raw[rp + 2 :].split()
-    try:
-        return ProcStat(
-            pid=pid,
-            ppid=int(rest[1]),
-            comm=raw[lp + 1 : rp],
-            cpu_ticks=int(rest[11]) + int(rest[12]),
-            start_ticks=int(rest[19]),
-            num_threads=int(rest[17]),
-            rss_bytes=int(rest[21]) * _PAGE,
-        )
-    except (IndexError, ValueError):
-        return None
-
-
-def process_name(pid: int) -> str | None:
-    """A short, telling name: the program, the Python script or module, or the Triton model of a stub."""
-    try:
-        argv = [a for a in (_PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0") if a]
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        argv = []
-    if not argv:
-        try:
-            return (_PROC / str(pid) / "comm").read_text().strip() or None
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            return None
-    prog = os.path.basename(argv[0])
-    if prog.startswith("triton_python_backend_stub") and len(argv) > 1:
-        # argv[1] is <repository>/<model>/<version>/model.py: the model tells draft from target
-        return f"python_stub[{Path(argv[1]).parent.parent.name}]"
-    if prog.startswith("python"):
-        args = argv[1:]
-        for i, a in enumerate(args):
-            if a == "-m" and i + 1 < len(args):
-                return f"{prog} -m {args[i + 1]}"
-            if a == "-c":
-                return f"{prog} -c"
-            if not a.startswith("-"):
-                return f"{prog} {os.path.basename(a)}"
-    return prog
-
-
-def _children(pid: int) -> list[int]:
-    """Direct children from /proc/<pid>/task/*/children (Linux >= 3.5 with CONFIG_PROC_CHILDREN)."""
-    out: list[int] = []
-    try:
-        tasks = list((_PROC / str(pid) / "task").iterdir())
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return out
-    for task in tasks:
-        try:
-            out.extend(int(c) for c in (task / "children").read_text().split())
-        except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
-            continue
-    return out
-
-
-_HAS_CHILDREN_FILE = (_PROC / "self" / "task" / str(os.getpid()) / "children").exists()
-
-
-def process_tree(pids: Iterable[int]) -> list[int]:
-    """The given pids (those alive) and all their descendants, in discovery order."""
-    roots = [p for p in pids if (_PROC / str(p)).exists()]
-    children = _children
-    if not _HAS_CHILDREN_FILE:
-        # no children files: one pass over /proc building the parent map
-        by_parent: dict[int, list[int]] = {}
-        for d in _PROC.iterdir():
-            if d.name.isdigit():
-                st = read_proc_stat(int(d.name))
-                if st is not None:
-                    by_parent.setdefault(st.ppid, []).append(st.pid)
-        children = lambda p: by_parent.get(p, [])  # noqa: E731
-    seen: dict[int, None] = {}
-    stack = list(roots)
-    while stack:
-        p = stack.pop(0)
-        if p in seen:
-            continue
-        seen[p] = None
-        stack.extend(children(p))
-    return list(seen)
-
-
-def _uptime() -> float:
-    return float((_PROC / "uptime").read_text().split()[0])
-
-
-def _system_cpu_times() -> tuple[int, int] | None:
-    """(busy, total) jiffies over all cores from /proc/stat."""
-    try:
-        first = (_PROC / "stat").read_text().splitlines()[0].split()
-    except (OSError, IndexError):
-        return None
-    vals = [int(v) for v in first[1:9]]  # user nice system idle iowait irq softirq steal
-    total = sum(vals)
-    return total - vals[3] - vals[4], total
-
-
-def _meminfo() -> dict[str, int]:
-    out: dict[str, int] = {}
-    try:
-        for line in (_PROC / "meminfo").read_text().splitlines():
-            k, _, v = line.partition(":")
-            out[k] = int(v.split()[0]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return out
-
-
-class _ProcNames:
-    """pid -> name, cached per (pid, start time, comm): a reused pid, or a fork that has since exec'd
-    (comm changes on exec), gets a fresh name."""
-
-    def __init__(self) -> None:
-        self._cache: dict[int, tuple[Any, str | None]] = {}
-
-    def get(self, pid: int, st: ProcStat | None = None) -> str | None:
-        key = (st.start_ticks, st.comm) if st is not None else None
-        hit = self._cache.get(pid)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        name = process_name(pid)
-        self._cache[pid] = (key, name)
-        return name
-
-
-# ------------------------------------------------------------------------------------------------
 # The fallback: processes from /proc
 # ------------------------------------------------------------------------------------------------
 class ProcessSampler(Sampler):
@@ -380,10 +231,10 @@ class ProcessSampler(Sampler):
         super().__init__(interval_s=interval_s, pids=pids)
         self._prev: dict[tuple[int, int], tuple[int, float]] = {}  # (pid, start) -> (cpu ticks, t_perf)
         self._prev_sys: tuple[int, int] | None = None
-        self._names = _ProcNames()
+        self._names = ProcNames()
 
     def _open(self) -> None:
-        if not (_PROC / "stat").exists():
+        if not (PROC / "stat").exists():
             raise RuntimeError("the process sampler needs Linux /proc")
         # system CPU is a difference between ticks: the first tick only sets the baseline (None)
 
@@ -404,13 +255,13 @@ class ProcessSampler(Sampler):
                 key = (pid, st.start_ticks)
                 prev = prev_all.get(key)
                 if prev is not None and t_perf > prev[1]:
-                    cpu = 100.0 * (st.cpu_ticks - prev[0]) / _CLK_TCK / (t_perf - prev[1])
+                    cpu = 100.0 * (st.cpu_ticks - prev[0]) / CLK_TCK / (t_perf - prev[1])
                 else:  # first sight of this process: its average since it started
                     try:
-                        age = _uptime() - st.start_ticks / _CLK_TCK
+                        age = uptime() - st.start_ticks / CLK_TCK
                     except (OSError, ValueError):
                         age = 0.0
-                    cpu = 100.0 * st.cpu_ticks / _CLK_TCK / age if age > 0.05 else None
+                    cpu = 100.0 * st.cpu_ticks / CLK_TCK / age if age > 0.05 else None
                 self._prev[key] = (st.cpu_ticks, t_perf)
                 if cpu is not None:
                     cpu = max(0.0, cpu)
@@ -432,13 +283,13 @@ class ProcessSampler(Sampler):
                     "num_processes": float(n),
                 }
                 out.append(Sample(t, t_perf, "process_total", "processes", total_metrics, name="process tree"))
-        sys_cpu = _system_cpu_times()
+        sys_cpu = system_cpu_times()
         util = None
         if sys_cpu is not None and self._prev_sys is not None and sys_cpu[1] > self._prev_sys[1]:
             util = 100.0 * (sys_cpu[0] - self._prev_sys[0]) / (sys_cpu[1] - self._prev_sys[1])
         if sys_cpu is not None:
             self._prev_sys = sys_cpu
-        mem = _meminfo()
+        mem = meminfo()
         total = mem.get("MemTotal")
         avail = mem.get("MemAvailable")
         out.append(
@@ -479,7 +330,7 @@ class NvmlSampler(Sampler):
         super().__init__(interval_s=interval_s, pids=pids)
         self._devices: list[tuple[int, Any, str]] = []  # (NVML index, handle, name)
         self._unsupported: set[tuple[int, str]] = set()
-        self._proc_names = _ProcNames()
+        self._proc_names = ProcNames()
         self._initialized = False
         self.tracked_pids: set[int] = set()  # GPU processes seen that belong to the tree of `pids`
 
