@@ -88,72 +88,94 @@ def simulate(
     while active:
         load = len(active)
         progress = finished / requests
-        for r in active:  # requests starting an iteration plan it
-            if r.call is not None:
-                continue
-            plan = r.planner.plan(load, r.seq, r.propose)
-            draft = r.draft(plan.k, acceptance, progress) if plan.calls_draft_model else list(plan.tokens or [])
-            remaining = r.max_tokens - (len(r.seq) - r.prompt)
-            r.call = _Call(plan, draft, 1 if draft else min(plan.plain, remaining), load,
-                           prefill=r.prompt if len(r.seq) == r.prompt else 0)
-        # the draft engine: one step per draft position, over the rows still drafting there
-        drafting = [r for r in active if r.call.plan.calls_draft_model and r.call.verify_s == 0.0 and r.call.draft_s is None]
-        draft_wall = 0.0
-        if drafting:
-            ks = [len(r.call.draft) for r in drafting]
-            catchup = sum(max(r.call.plan.missed - 2, 0) for r in drafting)
-            context = sum(len(r.seq) for r in drafting)
-            elapsed = []
-            for j in range(max(ks)):
-                rows = sum(k > j for k in ks)
-                draft_wall += costs.draft_step(rows, rows + (catchup if j == 0 else 0), context)
-                elapsed.append(draft_wall)
-            for r, k in zip(drafting, ks):
-                r.call.draft_s = elapsed[k - 1] if k else 0.0
-                r.call.batch, r.call.catchup = len(drafting), catchup
-        # the target: every request in flight, one step
-        tokens, head_k, prefilling = 0, 0, []
-        for r in active:
-            c = r.call
-            if c.prefill:
-                prefilling.append(c)
-            else:
-                tokens += 1 + (len(c.draft) if c.verify_s == 0.0 else 0)
-            head_k = max(head_k, c.plan.next_k)
-        budget = max(max_num_tokens - tokens, 0)  # prompts are prefilled in chunks, as TensorRT-LLM's scheduler does
-        for c in prefilling:
-            chunk = min(c.prefill, budget)
-            c.prefill -= chunk
-            budget -= chunk
-            tokens += chunk
-        context = sum(len(r.seq) for r in active)
-        for r in active:
-            r.call.tokens = tokens
-        step = costs.target_step(load, tokens, context) + head_k * costs.head_step(load)
+        _plan_iterations(active, load, progress, acceptance)
+        draft_wall = _draft_engine_steps(active, costs)
+        step = _target_step(active, costs, load, max_num_tokens)
         result.seconds += draft_wall + step
-        for r in active:
-            c = r.call
-            c.verify_s += step
-            c.steps -= 0 if c.prefill else 1
-            if c.steps > 0:
-                continue
-            remaining = r.max_tokens - (len(r.seq) - r.prompt)
-            new, accepted = r.answer(c.draft, c.plan.plain)
-            added = new[:remaining]
-            r.seq += added
-            result.count(c.draft, accepted, len(added))
-            r.planner.outcome(c.plan, c.load, c.draft, new, c.verify_s, c.draft_s, r.seq, len(added), r.propose,
-                              draft_batch=c.batch, step_tokens=c.tokens,
-                              draft_missed=c.catchup)
-            r.next = r.draft(c.plan.next_k, acceptance, progress) if c.plan.next_k else []
-            r.call = None
-            r.done = len(r.seq) - r.prompt >= r.max_tokens
+        _answer_calls(active, step, acceptance, progress, result)
         gone = [r for r in active if r.done]
         if gone:
             finished += len(gone)
             active = [r for r in active if not r.done]
             admit()
     return result
+
+
+def _plan_iterations(active: list[SyntheticRequest], load: int, progress: float, acceptance: Acceptance) -> None:
+    """The requests that start an iteration plan it: its draft, and the steps its target call takes."""
+    for r in active:
+        if r.call is not None:
+            continue
+        plan = r.planner.plan(load, r.seq, r.propose)
+        draft = r.draft(plan.k, acceptance, progress) if plan.calls_draft_model else list(plan.tokens or [])
+        remaining = r.max_tokens - (len(r.seq) - r.prompt)
+        r.call = _Call(plan, draft, 1 if draft else min(plan.plain, remaining), load,
+                       prefill=r.prompt if len(r.seq) == r.prompt else 0)
+
+
+def _draft_engine_steps(active: list[SyntheticRequest], costs: Costs) -> float:
+    """The draft engine: one step per draft position, over the rows still drafting there; its wall time."""
+    drafting = [r for r in active
+                if r.call.plan.calls_draft_model and r.call.verify_s == 0.0 and r.call.draft_s is None]
+    draft_wall = 0.0
+    if drafting:
+        ks = [len(r.call.draft) for r in drafting]
+        catchup = sum(max(r.call.plan.missed - 2, 0) for r in drafting)
+        context = sum(len(r.seq) for r in drafting)
+        elapsed = []
+        for j in range(max(ks)):
+            rows = sum(k > j for k in ks)
+            draft_wall += costs.draft_step(rows, rows + (catchup if j == 0 else 0), context)
+            elapsed.append(draft_wall)
+        for r, k in zip(drafting, ks):
+            r.call.draft_s = elapsed[k - 1] if k else 0.0
+            r.call.batch, r.call.catchup = len(drafting), catchup
+    return draft_wall
+
+
+def _target_step(active: list[SyntheticRequest], costs: Costs, load: int, max_num_tokens: int) -> float:
+    """The target: every request in flight, one step (prompts prefilled in chunks of what it has room for); its
+    seconds."""
+    tokens, head_k, prefilling = 0, 0, []
+    for r in active:
+        c = r.call
+        if c.prefill:
+            prefilling.append(c)
+        else:
+            tokens += 1 + (len(c.draft) if c.verify_s == 0.0 else 0)
+        head_k = max(head_k, c.plan.next_k)
+    budget = max(max_num_tokens - tokens, 0)  # prompts are prefilled in chunks, as TensorRT-LLM's scheduler does
+    for c in prefilling:
+        chunk = min(c.prefill, budget)
+        c.prefill -= chunk
+        budget -= chunk
+        tokens += chunk
+    context = sum(len(r.seq) for r in active)
+    for r in active:
+        r.call.tokens = tokens
+    return costs.target_step(load, tokens, context) + head_k * costs.head_step(load)
+
+
+def _answer_calls(active: list[SyntheticRequest], step: float, acceptance: Acceptance, progress: float,
+                  result: CellResult) -> None:
+    """The calls the step finished are answered: the planner's outcome, the next draft, whether the request ended."""
+    for r in active:
+        c = r.call
+        c.verify_s += step
+        c.steps -= 0 if c.prefill else 1
+        if c.steps > 0:
+            continue
+        remaining = r.max_tokens - (len(r.seq) - r.prompt)
+        new, accepted = r.answer(c.draft, c.plan.plain)
+        added = new[:remaining]
+        r.seq += added
+        result.count(c.draft, accepted, len(added))
+        r.planner.outcome(c.plan, c.load, c.draft, new, c.verify_s, c.draft_s, r.seq, len(added), r.propose,
+                          draft_batch=c.batch, step_tokens=c.tokens,
+                          draft_missed=c.catchup)
+        r.next = r.draft(c.plan.next_k, acceptance, progress) if c.plan.next_k else []
+        r.call = None
+        r.done = len(r.seq) - r.prompt >= r.max_tokens
 
 
 @dataclass
