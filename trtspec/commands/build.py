@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from trtspec.pipeline.plan import ENV_DOC, Plan, Step
+from trtspec.pipeline.argv import ENV_DOC
+from trtspec.pipeline.plan import Plan, Step
 from trtspec.pipeline.preflight import describe_estimates
 from trtspec.pipeline.runner import BuildError, Runner
 from trtspec.checkpoint import CheckpointError, format_params
