@@ -428,7 +428,7 @@ def test_busy_gpu_is_a_warning_and_does_not_change_the_fractions(tmp_path, tools
 
 
 def test_a_draft_alone_on_its_gpu_gets_only_the_kv_it_can_use(tmp_path, tools, models) -> None:
-    from trtspec.pipeline.preflight import _kv_tokens
+    from trtspec.pipeline.memory import _kv_tokens
 
     pf = preflight(tmp_path, tools, H200_CFG, {"target": models["70b"], "draft": models["1b"]}, gpu_machine("h200x8"))
     assert pf.kv_fractions["target"] == 0.9 and pf.kv_fractions["draft"] < 0.9

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from trtspec.pipeline.argv import ENV_DOC
 from trtspec.pipeline.plan import Plan, Step
-from trtspec.pipeline.preflight import describe_estimates
+from trtspec.pipeline.memory import describe_estimates
 from trtspec.pipeline.runner import BuildError, Runner
 from trtspec.checkpoint import CheckpointError, format_params
 from trtspec.commands._common import UserError, console, friendly_errors

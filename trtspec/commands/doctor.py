@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from trtspec.pipeline.plan import make_plan
-from trtspec.pipeline.preflight import describe_estimates
+from trtspec.pipeline.memory import describe_estimates
 from trtspec.checkpoint import CheckpointError, CheckpointInfo, format_bytes, format_params
 from trtspec.commands._common import UserError, console, friendly_errors
 from trtspec.config import ConfigError, EngineKind, checkpoint_path, load_config

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from trtspec.config import BuildConfig, ModelConfig
-from trtspec.pipeline.preflight import plan_max_num_tokens, version_tuple
+from trtspec.config import BuildConfig, ModelConfig, plan_max_num_tokens
+from trtspec.pipeline.preflight import version_tuple
 
 DEFAULT_EXAMPLES = Path("/app/tensorrt_llm/examples")
 # Where NVIDIA's *-trtllm-python-py3 containers have had TensorRT-LLM's examples (the first that exists wins).
