@@ -33,7 +33,7 @@ from trtspec.server import (
 )
 from trtspec.server.base import interesting_lines
 from trtspec.processes import process_group_members
-from trtspec.server.local import bundled_tritonserver_root, trtspec_import_root
+from trtspec.server.installation import bundled_tritonserver_root, trtspec_import_root
 
 AUTO = dict(http_port="auto", grpc_port="auto", metrics_port="auto")
 

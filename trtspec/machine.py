@@ -122,7 +122,8 @@ def nvml_gpus() -> tuple[list[GPU], str | None, str | None]:
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            gpus.append(GPU(i, _s(pynvml.nvmlDeviceGetName(h)), (int(major), int(minor)), int(mem.total), int(mem.free)))
+            gpus.append(GPU(i, _s(pynvml.nvmlDeviceGetName(h)), (int(major), int(minor)), int(mem.total),
+                            int(mem.free)))
         return gpus, driver, None
     except pynvml.NVMLError as e:
         return [], None, f"NVML error: {e}"
@@ -155,14 +156,14 @@ def tensorrt_llm_version() -> str | None:
 
 
 def tensorrt_version() -> str | None:
-    return dist_version("tensorrt", "tensorrt-cu12", "tensorrt_cu12", "tensorrt-cu13", "tensorrt_cu13", "tensorrt-libs") or (
-        os.environ.get("TRT_VERSION") or None
-    )
+    return dist_version("tensorrt", "tensorrt-cu12", "tensorrt_cu12", "tensorrt-cu13", "tensorrt_cu13",
+                        "tensorrt-libs") or (os.environ.get("TRT_VERSION") or None)
 
 
 def find_tritonserver() -> Tool:
-    """The tritonserver `trtspec serve` would run (trtspec.server.local.find_tritonserver), without preparing it."""
-    from trtspec.server.local import TritonNotFoundError, find_tritonserver as locate
+    """The tritonserver `trtspec serve` would run (trtspec.server.installation.find_tritonserver), without preparing
+    it."""
+    from trtspec.server.installation import TritonNotFoundError, find_tritonserver as locate
 
     try:
         found = locate(prepare=False)
@@ -180,7 +181,8 @@ def find_trtllm_build() -> Tool:
     if override:
         first = override.split()[0]
         path = shutil.which(first) or (first if Path(first).is_file() else None)
-        return Tool(override if path else None, tensorrt_llm_version(), "from TRTSPEC_TRTLLM_BUILD" if path else f"TRTSPEC_TRTLLM_BUILD={override!r} not found")
+        return Tool(override if path else None, tensorrt_llm_version(),
+                    "from TRTSPEC_TRTLLM_BUILD" if path else f"TRTSPEC_TRTLLM_BUILD={override!r} not found")
     path = shutil.which("trtllm-build")
     if path:
         return Tool(path, tensorrt_llm_version())

@@ -35,13 +35,9 @@ from trtspec.server.launch import (
     run_launch,
     trtllm_model_names,
 )
-from trtspec.server.local import (
-    LocalTritonServer,
-    TritonInstallation,
-    cache_root,
-    find_tritonserver,
-    prepare_bundled_backends,
-)
+from trtspec.cache import cache_root
+from trtspec.server.installation import TritonInstallation, find_tritonserver, prepare_bundled_backends
+from trtspec.server.local import LocalTritonServer
 
 
 def create_server(options: ServerOptions, **launch_kwargs: Any) -> TritonServer:

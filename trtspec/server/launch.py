@@ -36,7 +36,8 @@ from typing import Any, Literal, Mapping, Sequence
 
 from trtspec.repository_reader import RepositoryError, read_repository
 from trtspec.server.base import ServerError, ServerOptions
-from trtspec.server.local import LocalTritonServer, SYSTEM_TRITONSERVER
+from trtspec.server.installation import SYSTEM_TRITONSERVER
+from trtspec.server.local import LocalTritonServer
 
 LaunchMode = Literal["single", "leader", "orchestrator"]
 #: Triton releases after this one need the orchestrator memory-pool flags (NVIDIA's check: version > 24.06)
@@ -113,6 +114,49 @@ class LaunchPlan:
         return f"{prefix} {cmd}" if prefix else cmd
 
 
+def _launch_mode(names: list[str], multi_model: bool | None) -> LaunchMode:
+    """single without TensorRT-LLM models; orchestrator for several (unless told otherwise); else leader."""
+    if multi_model is None:
+        multi_model = len(names) >= 2
+    if not names:
+        return "single"
+    return "orchestrator" if multi_model else "leader"
+
+
+def _orchestrator_env(names: list[str], world_size: int, disable_spawn_processes: bool,
+                      model_ranks: Mapping[str, int] | None) -> dict[str, str]:
+    """The orchestrator's environment, once world_size is checked against how its workers are started."""
+    if not disable_spawn_processes and world_size != 1:
+        raise ServerError(
+            f"orchestrator mode spawns one worker process per TensorRT-LLM model itself: world_size must be 1 "
+            f"(got {world_size}). For world_size = 1 + TP_draft + TP_target (fast logits), also set "
+            "disable_spawn_processes."
+        )
+    ranks = {n: 1 for n in names} | dict(model_ranks or {})
+    if disable_spawn_processes and world_size != 1 + sum(ranks[n] for n in names):
+        # NVIDIA's multi-instance docs: exactly one orchestrator rank plus every model's ranks; more fails at load.
+        each = " + ".join(f"{ranks[n]} ({n})" for n in names)
+        raise ServerError(
+            f"world_size: with disable_spawn_processes it must be exactly 1 (orchestrator) + {each} = "
+            f"{1 + sum(ranks[n] for n in names)}, got {world_size}; set world_size to that (model_ranks gives "
+            "each TensorRT-LLM model's TP x PP)"
+        )
+    return {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "0" if disable_spawn_processes else "1"}
+
+
+def _orchestrator_pool_flags(triton_version: str | None, num_gpus: int | None, notes: list[str]) -> list[str]:
+    """The memory-pool flags an orchestrator that spawns its workers needs on Triton after 24.06."""
+    version = triton_version if triton_version is not None else os.environ.get("NVIDIA_TRITON_SERVER_VERSION")
+    if not needs_orchestrator_pool_flags(version):
+        return []
+    gpus = num_gpus if num_gpus is not None else gpu_count()
+    flags = ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
+    flags += [f"--cuda-memory-pool-byte-size={j}:0" for j in range(gpus)]
+    if version is None:
+        notes.append("Triton version unknown ($NVIDIA_TRITON_SERVER_VERSION unset): assumed > 24.06")
+    return flags
+
+
 def plan_launch(
     model_repository: str | Path,
     *,
@@ -149,76 +193,32 @@ def plan_launch(
     names = list(tensorrt_llm_model_names) if tensorrt_llm_model_names else trtllm_model_names(repo)
     if world_size < 1:
         raise ServerError(f"world_size must be >= 1, got {world_size}")
-    if multi_model is None:
-        multi_model = len(names) >= 2
-    if not names:
-        mode: LaunchMode = "single"
-    else:
-        mode = "orchestrator" if multi_model else "leader"
-    notes: list[str] = []
-    env: dict[str, str] = {}
-    if mode == "orchestrator":
-        if not disable_spawn_processes and world_size != 1:
-            raise ServerError(
-                f"orchestrator mode spawns one worker process per TensorRT-LLM model itself: world_size must be 1 "
-                f"(got {world_size}). For world_size = 1 + TP_draft + TP_target (fast logits), also set "
-                "disable_spawn_processes."
-            )
-        ranks = {n: 1 for n in names} | dict(model_ranks or {})
-        if disable_spawn_processes and world_size != 1 + sum(ranks[n] for n in names):
-            # NVIDIA's multi-instance docs: exactly one orchestrator rank plus every model's ranks; more fails at load.
-            each = " + ".join(f"{ranks[n]} ({n})" for n in names)
-            raise ServerError(
-                f"world_size: with disable_spawn_processes it must be exactly 1 (orchestrator) + {each} = "
-                f"{1 + sum(ranks[n] for n in names)}, got {world_size}; set world_size to that (model_ranks gives "
-                "each TensorRT-LLM model's TP x PP)"
-            )
-        env["TRTLLM_ORCHESTRATOR"] = "1"
-        env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"] = "0" if disable_spawn_processes else "1"
+    mode = _launch_mode(names, multi_model)
+    env = _orchestrator_env(names, world_size, disable_spawn_processes, model_ranks) if mode == "orchestrator" else {}
     if mode == "single" and world_size != 1:
         raise ServerError("world_size > 1 needs TensorRT-LLM models in the repository (none found)")
     if not use_mpi and world_size != 1:
         raise ServerError("world_size > 1 needs MPI (use_mpi=True)")
-
-    pool_flags: list[str] = []
+    notes: list[str] = []
+    pool_flags = []
     if mode == "orchestrator" and not disable_spawn_processes:
-        version = triton_version if triton_version is not None else os.environ.get("NVIDIA_TRITON_SERVER_VERSION")
-        if needs_orchestrator_pool_flags(version):
-            gpus = num_gpus if num_gpus is not None else gpu_count()
-            pool_flags = ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
-            pool_flags += [f"--cuda-memory-pool-byte-size={j}:0" for j in range(gpus)]
-            if version is None:
-                notes.append("Triton version unknown ($NVIDIA_TRITON_SERVER_VERSION unset): assumed > 24.06")
+        pool_flags = _orchestrator_pool_flags(triton_version, num_gpus, notes)
 
-    argv: list[str] = []
-    if use_mpi and mode != "single":
-        argv = [mpirun, "--allow-run-as-root"]
-        if oversubscribe:
-            argv.append("--oversubscribe")
-    else:
-        use_mpi = False
+    # one tritonserver per rank (mpirun's colon-separated programs); rank 0 logs, the others load the engines
+    use_mpi = use_mpi and mode != "single"
+    argv = [mpirun, "--allow-run-as-root", *(["--oversubscribe"] if oversubscribe else [])] if use_mpi else []
+    server = [str(tritonserver), f"--model-repository={repo}"]
+    server += [f"--exit-timeout-secs={int(exit_timeout_s)}"] if exit_timeout_s is not None else []
+    server += [f"--grpc-port={grpc_port}", f"--http-port={http_port}", f"--metrics-port={metrics_port}"]
+    leader = [f"--log-verbose={int(log_verbose)}"] if log_verbose else []
+    leader += [f"--log-file={log_file}"] if log_file else []
+    follower = ["--model-control-mode=explicit", *[f"--load-model={name}" for name in names]]
+    every_rank = [*pool_flags, *(["--disable-auto-complete-config"] if disable_auto_complete_config else [])]
     for rank in range(world_size):
-        if rank:
-            argv.append(":")
-        if use_mpi:
-            argv += ["-n", "1"]
-        argv += [str(tritonserver), f"--model-repository={repo}"]
-        if exit_timeout_s is not None:
-            argv.append(f"--exit-timeout-secs={int(exit_timeout_s)}")
-        argv += [f"--grpc-port={grpc_port}", f"--http-port={http_port}", f"--metrics-port={metrics_port}"]
-        if rank == 0:
-            if log_verbose:
-                argv.append(f"--log-verbose={int(log_verbose)}")
-            if log_file:
-                argv.append(f"--log-file={log_file}")
-        else:
-            argv.append("--model-control-mode=explicit")
-            argv += [f"--load-model={name}" for name in names]
-        argv += pool_flags
-        if disable_auto_complete_config:
-            argv.append("--disable-auto-complete-config")
-        argv.append(f"--backend-config=python,shm-region-prefix-name={shm_prefix}{rank}_")
-        argv += list(extra_args)
+        argv += [":"] if rank else []
+        argv += ["-n", "1"] if use_mpi else []
+        argv += [*server, *(follower if rank else leader), *every_rank,
+                 f"--backend-config=python,shm-region-prefix-name={shm_prefix}{rank}_", *extra_args]
     return LaunchPlan(mode=mode, argv=argv, env=env, world_size=world_size, trtllm_models=names, notes=notes)
 
 
