@@ -239,10 +239,7 @@ def serve(
     recovery_timeout: float,
     world_size: int,
 ) -> None:
-    if not repo.is_dir():
-        raise UserError(f"model repository {repo} does not exist (build one with `trtspec build CONFIG`).")
-    if not any((d / "config.pbtxt").is_file() for d in repo.iterdir() if d.is_dir()):
-        raise UserError(f"{repo} holds no model (no <model>/config.pbtxt): is it a Triton model repository?")
+    _check_repository(repo)
     options = ServerOptions(
         model_repository=repo,
         http_port=http_port,
@@ -259,6 +256,45 @@ def serve(
     )
     if not trtllm_model_names(repo):  # a local tritonserver, watched
         options = watchable(options)
+    server = _start_triton(options, world_size)
+    if health_port is None:
+        health_port = 0 if http_port == 0 else DEFAULT_HEALTH_PORT
+    previous_handlers = _stop_signals_as_keyboard_interrupt()
+    follower: _Follower | None = None
+    api = watchdog = health = None
+    try:
+        started = time.monotonic()
+        _wait_ready(server, repo, timeout)
+        if isinstance(server, LocalTritonServer):
+            watchdog = deployment_watchdog(server, give_up_s=recovery_timeout,
+                                           on_event=lambda m: err_console.print(f"[yellow]watchdog:[/] {escape(m)}"))
+            watchdog.start()
+        health = _start_health(watchdog or TritonHealth(server), options.bind_address, health_port)
+        api = _start_openai(repo, server, openai_port, served_model_name, watchdog, api_keys) if openai else None
+        _print_ready(server, repo, time.monotonic() - started, api, health)
+        follower = _Follower(server.log_path) if follow_log else None
+        _serve_until_it_ends(server, watchdog, follower)
+    except KeyboardInterrupt:
+        err_console.print("\nStopping Triton...")
+        _stop_beside_triton(watchdog, health, api)
+        _stop_triton(server, follower)
+    except BaseException:
+        _stop_beside_triton(watchdog, health, api)
+        server.stop()
+        raise
+    finally:
+        _restore_stop_signals(previous_handlers)
+
+
+def _check_repository(repo: Path) -> None:
+    if not repo.is_dir():
+        raise UserError(f"model repository {repo} does not exist (build one with `trtspec build CONFIG`).")
+    if not any((d / "config.pbtxt").is_file() for d in repo.iterdir() if d.is_dir()):
+        raise UserError(f"{repo} holds no model (no <model>/config.pbtxt): is it a Triton model repository?")
+
+
+def _start_triton(options: ServerOptions, world_size: int) -> TritonServer:
+    """Starts tritonserver (the launch TensorRT-LLM models need, or a local one) without waiting for its models."""
     try:
         server = create_server(options, world_size=world_size)
         if world_size != 1 and not isinstance(server, TrtllmTritonServer):
@@ -269,75 +305,65 @@ def serve(
         server.start()
     except ServerError as e:
         raise UserError(escape(str(e))) from None
+    return server
 
-    if health_port is None:
-        health_port = 0 if http_port == 0 else DEFAULT_HEALTH_PORT
-    previous_handlers = _stop_signals_as_keyboard_interrupt()
-    follower: _Follower | None = None
-    api = watchdog = health = None
+
+def _wait_ready(server: TritonServer, repo: Path, timeout: float) -> None:
+    """Waits until every model has loaded; stops Triton and says why where one did not."""
     try:
-        started = time.monotonic()
-        try:
-            with console.status(f"Starting Triton on {repo} (loading models; up to {timeout:g} s)...",
-                                spinner="dots"):
-                server.wait_ready(timeout)
-        except ServerStartError as e:
-            server.stop()
-            raise UserError(escape(str(e))) from None
-        if isinstance(server, LocalTritonServer):
-            watchdog = deployment_watchdog(server, give_up_s=recovery_timeout,
-                                           on_event=lambda m: err_console.print(f"[yellow]watchdog:[/] {escape(m)}"))
-            watchdog.start()
-        try:
-            health = HealthServer(watchdog or TritonHealth(server), host=options.bind_address or "0.0.0.0",
-                                  port=health_port).start()
-        except OSError as e:
-            raise UserError(f"health endpoint: cannot listen on port {health_port} ({e.strerror}); pick "
-                            "another with --health-port") from None
-        api = _start_openai(repo, server, openai_port, served_model_name, watchdog, api_keys) if openai else None
-        _print_ready(server, repo, time.monotonic() - started, api, health)
-        follower = _Follower(server.log_path) if follow_log else None
-        while True:
-            rc = server.wait(timeout=0.25)
-            if follower:
-                follower.pump()
-            if watchdog is not None:  # it knows a restart of its own from Triton dying
-                if rc is not None:
-                    time.sleep(0.25)  # the old process during a restart: wait() returns at once
-                state = watchdog.health()
-                if not state.live:
-                    tail = "\n".join(f"  | {line}" for line in server.log_tail(40))
-                    raise UserError(escape(f"{state.reason}.\nLast log lines:\n{tail}"))
-            elif rc is not None:
-                tail = "\n".join(f"  | {line}" for line in server.log_tail(40))
-                raise UserError(escape(f"tritonserver exited unexpectedly with code {rc}.\nLast log lines:\n{tail}"))
-    except KeyboardInterrupt:
-        err_console.print("\nStopping Triton...")
-        _stop_watch(watchdog, health)
-        if api is not None:
-            api.stop()
-        rc = server.stop()
-        if follow_log and follower is not None:
-            follower.pump()
-        if rc != 0:
-            raise UserError(escape(_stop_failure(server, rc))) from None
-        err_console.print(f"Triton stopped (exit code {rc}).")
-    except BaseException:
-        _stop_watch(watchdog, health)
-        if api is not None:
-            api.stop()
+        with console.status(f"Starting Triton on {repo} (loading models; up to {timeout:g} s)...", spinner="dots"):
+            server.wait_ready(timeout)
+    except ServerStartError as e:
         server.stop()
-        raise
-    finally:
-        _restore_stop_signals(previous_handlers)
+        raise UserError(escape(str(e))) from None
 
 
-def _stop_watch(watchdog: ModelWatchdog | None, health: HealthServer | None) -> None:
-    # first: the model processes that end with Triton are not faults to repair
+def _start_health(source: ModelWatchdog | TritonHealth, bind_address: str | None, port: int) -> HealthServer:
+    try:
+        return HealthServer(source, host=bind_address or "0.0.0.0", port=port).start()
+    except OSError as e:
+        raise UserError(f"health endpoint: cannot listen on port {port} ({e.strerror}); pick "
+                        "another with --health-port") from None
+
+
+def _serve_until_it_ends(server: TritonServer, watchdog: ModelWatchdog | None, follower: _Follower | None) -> None:
+    """Returns only by an exception: Ctrl-C or SIGTERM (KeyboardInterrupt), or a deployment that cannot serve any
+    more (Triton died, or a model did not come back in time)."""
+    while True:
+        rc = server.wait(timeout=0.25)
+        if follower:
+            follower.pump()
+        if watchdog is not None:  # it knows a restart of its own from Triton dying
+            if rc is not None:
+                time.sleep(0.25)  # the old process during a restart: wait() returns at once
+            state = watchdog.health()
+            if not state.live:
+                tail = "\n".join(f"  | {line}" for line in server.log_tail(40))
+                raise UserError(escape(f"{state.reason}.\nLast log lines:\n{tail}"))
+        elif rc is not None:
+            tail = "\n".join(f"  | {line}" for line in server.log_tail(40))
+            raise UserError(escape(f"tritonserver exited unexpectedly with code {rc}.\nLast log lines:\n{tail}"))
+
+
+def _stop_beside_triton(watchdog: ModelWatchdog | None, health: HealthServer | None, api: Any) -> None:
+    """Stops what serves beside Triton: the watchdog first (the model processes that end with Triton are not
+    faults to repair), the health endpoint, the OpenAI API."""
     if watchdog is not None:
         watchdog.stop()
     if health is not None:
         health.stop()
+    if api is not None:
+        api.stop()
+
+
+def _stop_triton(server: TritonServer, follower: _Follower | None) -> None:
+    """Stops Triton on Ctrl-C or SIGTERM; an error where it did not stop cleanly."""
+    rc = server.stop()
+    if follower is not None:
+        follower.pump()
+    if rc != 0:
+        raise UserError(escape(_stop_failure(server, rc))) from None
+    err_console.print(f"Triton stopped (exit code {rc}).")
 
 
 def _stop_failure(server: TritonServer, rc: int | None) -> str:

@@ -12,6 +12,8 @@ import click
 from rich.markup import escape
 
 from trtspec.commands._common import UserError, console, err_console
+from trtspec.commands.bench import bench_and_report, default_output_dir, int_list
+from trtspec.config import BuildConfig, ConfigError, load_config, parse_config
 
 DEFAULT_KS = (0, 1, 2, 3, 4, 6)
 
@@ -89,8 +91,6 @@ Then compare the tuned schedule with the online controller:
 def tune(config: Path, concurrency: str, draft_tokens: str | None, url: str | None, prompts_file: Path | None,
          prompt_kind: str, num_prompts: int | None, requests_per_cell: int, warmup: int, max_tokens: int,
          output: Path | None, in_place: bool, force: bool, results_dir: Path | None, timeout: float) -> None:
-    import yaml
-
     from trtspec.bench import BenchError, BenchSettings, PromptError, builtin_prompts, load_prompts, parse_kinds
     from trtspec.bench.tune import (
         TuneError,
@@ -103,33 +103,11 @@ def tune(config: Path, concurrency: str, draft_tokens: str | None, url: str | No
         sweep_variant,
         write_config,
     )
-    from trtspec.commands.bench import int_list, default_output_dir
-    from trtspec.config import ConfigError, load_config
 
-    try:
-        cfg = load_config(config)
-        doc = yaml.safe_load(config.read_text())
-    except ConfigError as e:
-        raise UserError(escape(str(e))) from None
+    cfg, doc = _load_config(config)
     llmapi = cfg.engine.value == "llmapi"
-    if url is not None and llmapi:
-        raise UserError("--url with engine: llmapi: TensorRT-LLM fixes k per deployment, so tune starts one per k "
-                        "itself; leave --url out")
-    if url is None and cfg.engine.value == "tensorrt_llm":
-        raise UserError("engine: tensorrt_llm needs built engines: `trtspec build` and `trtspec serve` this config, "
-                        "then run `trtspec tune CONFIG --url HOST:PORT`")
-    max_k = cfg.speculative.max_draft_len
-    if draft_tokens is None:
-        ks = [k for k in DEFAULT_KS if k <= max_k]
-    else:
-        ks = int_list("--draft-tokens", draft_tokens, 0)
-        over = [k for k in ks if k > max_k]
-        if over:
-            raise UserError(f"--draft-tokens {', '.join(map(str, over))}: larger than this config's "
-                            f"speculative.max_draft_len ({max_k}); raise it or leave them out")
-    ks = sorted(set(ks) | {0})
-    if ks == [0]:
-        raise UserError("--draft-tokens: give at least one k > 0 to compare with the baseline")
+    _check_deployment(cfg.engine.value, url)
+    ks = _draft_lengths(draft_tokens, cfg.speculative.max_draft_len)
     levels = int_list("--concurrency", concurrency, 1)
     try:
         dest, backup = output_paths(config, output, in_place)
@@ -140,10 +118,6 @@ def tune(config: Path, concurrency: str, draft_tokens: str | None, url: str | No
     if num_prompts is not None:
         prompts = prompts[:num_prompts]
     results_dir = results_dir or default_output_dir("trtspec-tune")
-
-    def settings(fixed: list[int]) -> Any:
-        return BenchSettings(url=url or "", max_tokens=max_tokens, concurrency=levels, draft_tokens=[0],
-                             fixed_k=fixed, requests_per_cell=requests_per_cell, warmup=warmup, timeout=timeout)
 
     # one run per deployment: all k on one (k per request), or one deployment per k (llmapi)
     runs = [(k, [k]) for k in ks if k > 0] if llmapi else [(None, [k for k in ks if k > 0])]
@@ -156,11 +130,10 @@ def tune(config: Path, concurrency: str, draft_tokens: str | None, url: str | No
     try:
         for i, (k, fixed) in enumerate(runs):
             out = results_dir / (f"k{k}" if k is not None else "sweep")
-            s = settings(fixed)
+            s = BenchSettings(url=url or "", max_tokens=max_tokens, concurrency=levels, draft_tokens=[0],
+                              fixed_k=fixed, requests_per_cell=requests_per_cell, warmup=warmup, timeout=timeout)
             if url is not None:
                 s.url = url
-                from trtspec.commands.bench import bench_and_report
-
                 results.append(bench_and_report(s, prompts, out))
             else:
                 what = f"run {i + 1}/{len(runs)}: max_draft_len {k}" if k is not None else "the sweep"
@@ -184,6 +157,47 @@ def tune(config: Path, concurrency: str, draft_tokens: str | None, url: str | No
                "duration_s": time.monotonic() - started}
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "tune.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _print_schedule(bands, tuned, dest, backup, results_dir)
+
+
+def _load_config(config: Path) -> tuple[BuildConfig, dict]:
+    """The config, checked, and its YAML document (what the tuned config is written from)."""
+    import yaml
+
+    try:
+        return load_config(config), yaml.safe_load(config.read_text())
+    except ConfigError as e:
+        raise UserError(escape(str(e))) from None
+
+
+def _check_deployment(engine: str, url: str | None) -> None:
+    """Whether tune can measure this engine flavour as asked: starting it, or at --url."""
+    if url is not None and engine == "llmapi":
+        raise UserError("--url with engine: llmapi: TensorRT-LLM fixes k per deployment, so tune starts one per k "
+                        "itself; leave --url out")
+    if url is None and engine == "tensorrt_llm":
+        raise UserError("engine: tensorrt_llm needs built engines: `trtspec build` and `trtspec serve` this config, "
+                        "then run `trtspec tune CONFIG --url HOST:PORT`")
+
+
+def _draft_lengths(draft_tokens: str | None, max_k: int) -> list[int]:
+    """The k to compare (0, the baseline, always among them), within the config's max_draft_len."""
+    if draft_tokens is None:
+        ks = [k for k in DEFAULT_KS if k <= max_k]
+    else:
+        ks = int_list("--draft-tokens", draft_tokens, 0)
+        over = [k for k in ks if k > max_k]
+        if over:
+            raise UserError(f"--draft-tokens {', '.join(map(str, over))}: larger than this config's "
+                            f"speculative.max_draft_len ({max_k}); raise it or leave them out")
+    ks = sorted(set(ks) | {0})
+    if ks == [0]:
+        raise UserError("--draft-tokens: give at least one k > 0 to compare with the baseline")
+    return ks
+
+
+def _print_schedule(bands: list[Any], tuned: Any, dest: Path, backup: Path | None, results_dir: Path) -> None:
+    """What was measured per band, the schedule written, and where."""
     console.print()
     for b in bands:
         measured = "  ".join(f"k={k} {v:.2f}x" for k, v in b.speedups.items())
@@ -199,8 +213,6 @@ def tune(config: Path, concurrency: str, draft_tokens: str | None, url: str | No
 def _bench_variant(doc: dict, config: Path, settings: Any, prompts: Any, out: Path, what: str) -> dict:
     """Serve one variant of the config on this machine and bench it."""
     from trtspec.bench.local import local_deployment, prepare_checkpoints
-    from trtspec.commands.bench import bench_and_report
-    from trtspec.config import ConfigError, parse_config
     from trtspec.demo_pair import DemoPairError
     from trtspec.repository import RepositoryError
     from trtspec.server import ServerError
