@@ -192,36 +192,13 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
 @click.option("--fault-every", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="With --soak and --config: SIGKILL a random model process this often; report per fault the "
                    "requests failed and the recovery time (the deployment restarts itself).")
-def bench(
-    url: str | None,
-    protocol: str,
-    api: str,
-    config_path: Path | None,
-    prompts_file: Path | None,
-    prompt_kind: str,
-    num_prompts: int | None,
-    max_tokens: int,
-    concurrency: str,
-    draft_tokens: str,
-    draft_source: str | None,
-    draft_length_policy: str | None,
-    fixed_k: str | None,
-    k0_on_ensemble: bool,
-    requests_per_cell: int,
-    warmup: int,
-    rounds: int,
-    output: Path | None,
-    profile: bool,
-    profile_pids: tuple[int, ...],
-    metrics_url: str | None,
-    timeout: float,
-    soak_minutes: float | None,
-    soak_streams: int,
-    soak_disconnect: float,
-    soak_bad: float,
-    soak_settle: float,
-    fault_every: float | None,
-) -> None:
+def bench(url: str | None, protocol: str, api: str, config_path: Path | None, prompts_file: Path | None,
+          prompt_kind: str, num_prompts: int | None, max_tokens: int, concurrency: str, draft_tokens: str,
+          draft_source: str | None, draft_length_policy: str | None, fixed_k: str | None, k0_on_ensemble: bool,
+          requests_per_cell: int, warmup: int, rounds: int, output: Path | None, profile: bool,
+          profile_pids: tuple[int, ...], metrics_url: str | None, timeout: float, soak_minutes: float | None,
+          soak_streams: int, soak_disconnect: float, soak_bad: float, soak_settle: float,
+          fault_every: float | None) -> None:
     from trtspec.bench import BenchError, BenchSettings, PromptError, builtin_prompts, load_prompts, parse_kinds
     from trtspec.bench.metrics import MetricsError
 
@@ -259,15 +236,10 @@ def bench(
     )
     run: Any = lambda s, p, out, server=None: bench_and_report(s, p, out)  # noqa: E731
     if soak_minutes is not None:
-        from trtspec.bench.soak import SoakSettings
-
         if api != "triton":
             raise UserError("--soak sends to Triton's endpoints; leave out --api openai")
-        soak = SoakSettings(soak_minutes, soak_streams, soak_disconnect, soak_bad, soak_settle,
-                            grpc_url=settings.url if protocol == "grpc" else None, server_pids=list(profile_pids),
-                            fault_every_s=fault_every)
-        settings.profile = False
-        run = lambda s, p, out, **kw: soak_and_report(s, soak, p, out, **kw)  # noqa: E731
+        run = _soak_run(settings, soak_minutes, soak_streams, soak_disconnect, soak_bad, soak_settle,
+                        profile_pids, fault_every)
     output = output or default_output_dir("trtspec-soak" if soak_minutes is not None else "trtspec-bench")
     try:
         if config_path is None:
@@ -279,6 +251,19 @@ def bench(
     except KeyboardInterrupt:
         err_console.print("\n[yellow]interrupted[/]")
         raise SystemExit(130) from None
+
+
+def _soak_run(settings: Any, minutes: float, streams: int, disconnect: float, bad: float, settle: float,
+              server_pids: tuple[int, ...], fault_every: float | None) -> Any:
+    """--soak: what runs instead of the sweep, with the same arguments (the soak samples the server itself, so the
+    sweep's profiler is off)."""
+    from trtspec.bench.soak import SoakSettings
+
+    soak = SoakSettings(minutes, streams, disconnect, bad, settle,
+                        grpc_url=settings.url if settings.protocol == "grpc" else None, server_pids=list(server_pids),
+                        fault_every_s=fault_every)
+    settings.profile = False
+    return lambda s, p, out, **kw: soak_and_report(s, soak, p, out, **kw)
 
 
 def _default_url(api: str, protocol: str) -> str:

@@ -45,10 +45,43 @@ def summary_table(summary: dict[str, Any]) -> Table:
             if st.get("delta") is not None:  # a counter: its increase is what matters
                 t.add_row(label if first else "", metric + " (increase)", st["unit"], "", "", _fmt(st["delta"]))
             else:
-                t.add_row(label if first else "", metric, st["unit"], _fmt(st["mean"]), _fmt(st["p50"]), _fmt(st["max"]))
+                t.add_row(label if first else "", metric, st["unit"], _fmt(st["mean"]), _fmt(st["p50"]),
+                          _fmt(st["max"]))
             first = False
         t.add_section()
     return t
+
+
+def _command_argv(cmd: tuple[str, ...]) -> list[str]:
+    argv = list(cmd)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UserError("give the command to profile after `--`, e.g. `trtspec profile -- python job.py`")
+    return argv
+
+
+def _run_sampled(argv: list[str], sampler: Any) -> tuple[int, bool]:
+    """Runs the command to its end with its process tree sampled: (its return code, whether Ctrl-C ended it)."""
+    interrupted = False
+    try:
+        child = subprocess.Popen(argv)
+    except (FileNotFoundError, PermissionError) as e:
+        err = UserError(f"cannot run {argv[0]!r}: {e.strerror or e}")
+        err.exit_code = 127 if isinstance(e, FileNotFoundError) else 126
+        raise err from None
+    sampler.add_pids([child.pid])
+    try:
+        returncode = child.wait()
+    except KeyboardInterrupt:  # the terminal sent SIGINT to the child too; give it time to finish
+        interrupted = True
+        try:
+            returncode = child.wait(timeout=10)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            child.send_signal(signal.SIGKILL)
+            returncode = child.wait()
+    sampler.mark(f"exit {returncode}")
+    return returncode, interrupted
 
 
 def _exit_code(returncode: int) -> int:
@@ -106,11 +139,7 @@ def command(interval: float, output: Path | None, pids: tuple[int, ...], cmd: tu
     """
     from trtspec.profiling import create_sampler, plot_timeline, summarize, write_timeline
 
-    argv = list(cmd)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
-    if not argv:
-        raise UserError("give the command to profile after `--`, e.g. `trtspec profile -- python job.py`")
+    argv = _command_argv(cmd)
     out_dir = output or Path("profile-results") / time.strftime("%Y%m%d-%H%M%S")
 
     sampler = create_sampler(interval_s=interval, pids=list(pids))
@@ -122,25 +151,8 @@ def command(interval: float, output: Path | None, pids: tuple[int, ...], cmd: tu
         raise UserError(f"could not start the {sampler.kind} sampler: {e}") from None
     sampler.mark("start")
     err_console.print(f"[dim]profiling `{shlex.join(argv)}` ({sampler.kind} sampler, every {interval:g} s)[/]")
-    interrupted = False
     try:
-        try:
-            child = subprocess.Popen(argv)
-        except (FileNotFoundError, PermissionError) as e:
-            err = UserError(f"cannot run {argv[0]!r}: {e.strerror or e}")
-            err.exit_code = 127 if isinstance(e, FileNotFoundError) else 126
-            raise err from None
-        sampler.add_pids([child.pid])
-        try:
-            returncode = child.wait()
-        except KeyboardInterrupt:  # the terminal sent SIGINT to the child too; give it time to finish
-            interrupted = True
-            try:
-                returncode = child.wait(timeout=10)
-            except (subprocess.TimeoutExpired, KeyboardInterrupt):
-                child.send_signal(signal.SIGKILL)
-                returncode = child.wait()
-        sampler.mark(f"exit {returncode}")
+        returncode, interrupted = _run_sampled(argv, sampler)
     finally:
         sampler.stop()
 
