@@ -47,84 +47,119 @@ def scan(text: str, offset: int = 0) -> list[CallSpan]:
     """The call objects of a JSON object or array of objects that `text` starts (after whitespace), complete or
     still being written: an object at the top is one call, an array's object items are one each. Offsets are
     `offset` + the position in `text`. A lenient scan, not a validator: the answer is checked with json.loads."""
-    calls: list[CallSpan] = []
-    stack: list[list[Any]] = []  # [kind "{" or "[", state, key, CallSpan or None]
-    call_depth = 0
-    i, n = 0, len(text)
+    return _Scanner(text, offset).scan()
 
-    def value_starts(at: int) -> None:
-        top = stack[-1]
-        if top[0] == "{" and top[3] is not None and top[2] in ARGUMENT_KEYS and top[3].args_start is None:
-            top[3].args_start, top[3].args_end = offset + at, None
-            top[3].key = top[2]
 
-    def value_ends(at: int, string: str | None = None) -> None:
-        top = stack[-1]
-        if top[0] == "{" and top[3] is not None:
-            if top[2] == "name" and string is not None and top[3].name is None:
-                top[3].name = string
-            elif top[2] in ARGUMENT_KEYS and top[3].key == top[2] and top[3].args_end is None:
-                top[3].args_end = offset + at
-        top[1] = "comma"
+@dataclass
+class _Open:
+    """An object or array the scan is inside: what comes next in it, and the key whose value is being read."""
 
-    while i < n:
-        c = text[i]
-        if c.isspace():
-            i += 1
-            continue
-        if not stack and (calls or c not in "{["):
-            break  # one top-level value only
-        if c == '"':
-            j, esc = i + 1, False
-            while j < n and (esc or text[j] != '"'):
-                esc = not esc and text[j] == "\\"
-                j += 1
-            if j >= n:  # the string is still being written
-                if stack[-1][0] == "{" and stack[-1][1] == "value":
-                    value_starts(i)
-                break
-            try:
-                s = json.loads(text[i : j + 1])
-            except ValueError:
-                break
-            top = stack[-1]
-            if top[0] == "{" and top[1] == "key":
-                top[2], top[1] = s, "colon"
+    kind: str  # "{" or "["
+    expects: str  # "key", "colon", "value" or "comma"
+    key: str | None = None
+    call: CallSpan | None = None  # the call this object is, if it is one
+
+
+class _Scanner:
+    """One pass over the text, token by token; each step returns where the next starts, or None where the text ends
+    (or stops being JSON) before it."""
+
+    def __init__(self, text: str, offset: int) -> None:
+        self.text, self.offset = text, offset
+        self.calls: list[CallSpan] = []
+        self.stack: list[_Open] = []
+        self.call_depth = 0  # 1: the top-level object is the call; 2: an array's items are
+
+    def scan(self) -> list[CallSpan]:
+        i: int | None = 0
+        while i is not None and i < len(self.text):
+            c = self.text[i]
+            if c.isspace():
+                i += 1
+                continue
+            if not self.stack and (self.calls or c not in "{["):
+                break  # one top-level value only
+            if c == '"':
+                i = self._string(i)
+            elif c in "{[":
+                i = self._open(c, i)
+            elif c in "}]":
+                i = self._close(i)
+            elif c == ":":
+                self.stack[-1].expects = "value"
+                i += 1
+            elif c == ",":
+                self.stack[-1].expects = "key" if self.stack[-1].kind == "{" else "value"
+                i += 1
             else:
-                value_starts(i)
-                value_ends(j + 1, s)
-            i = j + 1
-        elif c in "{[":
-            if stack:
-                value_starts(i)
-            else:
-                call_depth = 1 if c == "{" else 2
-            span = CallSpan() if c == "{" and len(stack) + 1 == call_depth else None
-            if span is not None:
-                calls.append(span)
-            stack.append([c, "key" if c == "{" else "value", None, span])
-            i += 1
-        elif c in "}]":
-            stack.pop()
-            if stack:
-                value_ends(i + 1)
-            i += 1
-        elif c == ":":
-            stack[-1][1] = "value"
-            i += 1
-        elif c == ",":
-            stack[-1][1] = "key" if stack[-1][0] == "{" else "value"
-            i += 1
-        else:  # a number, true, false or null: it ends at a delimiter
-            j = i
-            while j < n and text[j] not in ",}] \t\r\n":
-                j += 1
-            value_starts(i)
-            if j >= n:
-                break  # it may go on
-            value_ends(j)
-            i = j
-    return calls
+                i = self._scalar(i)
+        return self.calls
+
+    def _string(self, i: int) -> int | None:
+        text, n = self.text, len(self.text)
+        j, esc = i + 1, False
+        while j < n and (esc or text[j] != '"'):
+            esc = not esc and text[j] == "\\"
+            j += 1
+        top = self.stack[-1]
+        if j >= n:  # the string is still being written
+            if top.kind == "{" and top.expects == "value":
+                self._value_starts(i)
+            return None
+        try:
+            s = json.loads(text[i : j + 1])
+        except ValueError:
+            return None
+        if top.kind == "{" and top.expects == "key":
+            top.key, top.expects = s, "colon"
+        else:
+            self._value_starts(i)
+            self._value_ends(j + 1, s)
+        return j + 1
+
+    def _open(self, c: str, i: int) -> int:
+        if self.stack:
+            self._value_starts(i)
+        else:
+            self.call_depth = 1 if c == "{" else 2
+        call = CallSpan() if c == "{" and len(self.stack) + 1 == self.call_depth else None
+        if call is not None:
+            self.calls.append(call)
+        self.stack.append(_Open(c, "key" if c == "{" else "value", None, call))
+        return i + 1
+
+    def _close(self, i: int) -> int:
+        self.stack.pop()
+        if self.stack:
+            self._value_ends(i + 1)
+        return i + 1
+
+    def _scalar(self, i: int) -> int | None:
+        """A number, true, false or null: it ends at a delimiter."""
+        text, n = self.text, len(self.text)
+        j = i
+        while j < n and text[j] not in ",}] \t\r\n":
+            j += 1
+        self._value_starts(i)
+        if j >= n:
+            return None  # it may go on
+        self._value_ends(j)
+        return j
+
+    def _value_starts(self, at: int) -> None:
+        top = self.stack[-1]
+        if top.kind == "{" and top.call is not None and top.key in ARGUMENT_KEYS and top.call.args_start is None:
+            top.call.args_start, top.call.args_end = self.offset + at, None
+            top.call.key = top.key
+
+    def _value_ends(self, at: int, string: str | None = None) -> None:
+        top = self.stack[-1]
+        if top.kind == "{" and top.call is not None:
+            if top.key == "name" and string is not None and top.call.name is None:
+                top.call.name = string
+            elif top.key in ARGUMENT_KEYS and top.call.key == top.key and top.call.args_end is None:
+                top.call.args_end = self.offset + at
+        top.expects = "comma"
 
 
 def candidates(text: str) -> list[tuple[int, str]]:
@@ -253,7 +288,8 @@ def _call(name: str, arguments: Any) -> dict[str, Any]:
 
 def parse_tool_calls(p: Plan, text: str) -> list[dict[str, Any]] | None:
     """The tool calls the output holds (OpenAI's tool_calls), or None: the output is the message's content. Each
-    call's arguments are the text the model wrote for them, as a streamed answer sends them (trtspec.openai.tool_calls)."""
+    call's arguments are the text the model wrote for them, as a streamed answer sends them
+    (trtspec.openai.tool_calls)."""
     if p.mode == "named":
         return [_call(p.named, text.strip())]
     names = {t.function.name for t in p.tools}
