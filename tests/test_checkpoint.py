@@ -22,9 +22,9 @@ from trtspec.checkpoint import (
     checkpoint_fingerprint,
     inspect_checkpoint,
     read_safetensors_header,
-    tokenizer_identity,
 )
 from trtspec.cli import cli
+from trtspec.tokenizer_identity import tokenizer_identity
 
 # ------------------------------------------------------------------------------------------- helpers
 

@@ -3,9 +3,7 @@
 Nothing here loads weights or imports a model library: parameter counts come from ``config.json``
 (a llama-style formula: GQA, tied embeddings, biases, MoE experts) or, when the config does not describe
 a decoder we know, from the *headers* of the safetensors files (8-byte length + JSON; tensors are never
-read). The tokenizer fingerprint is a sha256 over the normalized vocabulary, merges and added/special
-tokens, so two checkpoints that map token ids to the same strings get the same fingerprint even when
-their ``tokenizer.json`` differ in formatting or unrelated fields.
+read). The tokenizer's fingerprint: `trtspec.tokenizer_identity`.
 
 Why the pair check matters (``shared/docs/trtllm-spec.md`` §5 #6): the speculative loop feeds
 *target*-tokenizer ids to the draft. A draft with another vocabulary yields near-zero acceptance, and
@@ -21,22 +19,14 @@ import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
 from trtspec.medusa import MedusaError, check_against_target, choices_problems, inspect_heads
+from trtspec.tokenizer_identity import TOKENIZER_FILES, tokenizer_identity
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "int8": 1}
 
 # The draft should be much cheaper than the target; above this ratio speculation rarely pays off.
 DRAFT_SIZE_WARN_RATIO = 1 / 3
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-    "special_tokens_map.json",
-    "tokenizer_config.json",
-)
 
 
 class CheckpointError(Exception):
@@ -180,7 +170,8 @@ def _int(v: Any) -> int | None:
 def _params_from_config(c: dict[str, Any], tied: bool) -> int | None:
     """Llama-style decoder parameter count: embeddings, attention (GQA), gated MLP (or MoE), norms, head."""
     hidden, layers = _int(c.get("hidden_size")), _int(c.get("num_hidden_layers"))
-    heads, inter, vocab = _int(c.get("num_attention_heads")), _int(c.get("intermediate_size")), _int(c.get("vocab_size"))
+    heads, inter = _int(c.get("num_attention_heads")), _int(c.get("intermediate_size"))
+    vocab = _int(c.get("vocab_size"))
     if not all((hidden, layers, heads, inter, vocab)):
         return None
     kv_heads = _int(c.get("num_key_value_heads")) or heads
@@ -251,106 +242,6 @@ def _params_from_safetensors(path: Path) -> int | None:
                 continue
             total += math.prod(meta.get("shape") or [1])
     return total
-
-
-# ------------------------------------------------------------------------------------------- tokenizer
-
-
-def tokenizer_identity(path: str | Path) -> tuple[int | None, str | None, list[str]]:
-    """(number of distinct token ids, fingerprint, tokenizer files found) for a checkpoint directory."""
-    path = Path(path)
-    found = [n for n in TOKENIZER_FILES if (path / n).is_file()]
-    tj = path / "tokenizer.json"
-    if tj.is_file():
-        try:
-            raw = tj.read_bytes()
-        except OSError:
-            raw = b""
-        result = _fingerprint_tokenizer_bytes(hashlib.sha256(raw).hexdigest(), raw)
-        if result is not None:
-            return (*result, found)
-    return (*_fingerprint_legacy_files(path), found)
-
-
-_TOKENIZER_CACHE: dict[str, tuple[int | None, str] | None] = {}
-
-
-def _fingerprint_tokenizer_bytes(digest: str, raw: bytes) -> tuple[int | None, str] | None:
-    """Memoized on the file's bytes: a 128k-token tokenizer.json takes ~0.2 s to normalize."""
-    if digest not in _TOKENIZER_CACHE:
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            data = None
-        ok = isinstance(data, dict) and isinstance(data.get("model"), dict)
-        _TOKENIZER_CACHE[digest] = _fingerprint_tokenizer_json(data) if ok else None  # type: ignore[arg-type]
-    return _TOKENIZER_CACHE[digest]
-
-
-def _fingerprint_tokenizer_json(data: dict[str, Any]) -> tuple[int | None, str]:
-    model = data["model"]
-    vocab_raw = model.get("vocab")
-    ids: dict[int, str] = {}
-    if isinstance(vocab_raw, dict):  # BPE / WordPiece / WordLevel: token -> id
-        ids = {int(i): str(t) for t, i in vocab_raw.items()}
-    elif isinstance(vocab_raw, list):  # Unigram: [token, score] in id order
-        ids = {i: str(e[0] if isinstance(e, list) else e) for i, e in enumerate(vocab_raw)}
-    merges = [" ".join(m) if isinstance(m, list) else str(m) for m in (model.get("merges") or [])]
-    added = sorted(
-        (int(t["id"]), str(t.get("content")), bool(t.get("special")))
-        for t in (data.get("added_tokens") or [])
-        if isinstance(t, dict) and "id" in t
-    )
-    all_ids = set(ids) | {a[0] for a in added}
-    normalized = {
-        "model": model.get("type"),
-        "vocab": sorted(ids.items()),
-        "merges": merges,
-        "added_tokens": added,
-    }
-    return (len(all_ids) or None, _sha(normalized))
-
-
-def _fingerprint_legacy_files(path: Path) -> tuple[int | None, str | None]:
-    """vocab.json + merges.txt (GPT-2 style) or tokenizer.model (SentencePiece), plus added tokens."""
-    parts: dict[str, Any] = {}
-    size: int | None = None
-    vj, mt, sp = path / "vocab.json", path / "merges.txt", path / "tokenizer.model"
-    if vj.is_file():
-        try:
-            vocab = json.loads(vj.read_text(encoding="utf-8"))
-            parts["vocab"] = sorted((int(i), str(t)) for t, i in vocab.items())
-            size = len(vocab)
-        except (OSError, json.JSONDecodeError, ValueError, AttributeError):
-            pass
-    if mt.is_file():
-        lines = mt.read_text(encoding="utf-8", errors="replace").splitlines()
-        parts["merges"] = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#version")]
-    if sp.is_file():
-        parts["sentencepiece"] = hashlib.sha256(sp.read_bytes()).hexdigest()
-    if not parts:
-        return None, None
-    at = path / "added_tokens.json"
-    if at.is_file():
-        try:
-            added = json.loads(at.read_text(encoding="utf-8"))
-            parts["added_tokens"] = sorted((int(i), str(t)) for t, i in added.items())
-            if "vocab" in parts:
-                size = len({i for i, _ in parts["vocab"]} | {i for i, _ in parts["added_tokens"]})
-        except (OSError, json.JSONDecodeError, ValueError, AttributeError):
-            pass
-    stm = path / "special_tokens_map.json"
-    if stm.is_file():
-        try:
-            parts["special_tokens"] = json.loads(stm.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            pass
-    return size, _sha(parts)
-
-
-def _sha(obj: Any) -> str:
-    blob = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode("utf-8")
-    return hashlib.sha256(blob).hexdigest()
 
 
 # ------------------------------------------------------------------------------------------ pair check
@@ -514,8 +405,9 @@ def check_eagle3_head(
         if dvs is None:
             out.append(("error", "head-architecture",
                         f"{cfg}: architectures is {head.architecture!r}, not an EAGLE-3 head; TensorRT-LLM, vLLM and "
-                        f"SGLang load a head as {EAGLE3_ARCHITECTURES[0]} (with draft_vocab_size). Point draft.checkpoint "
-                        "at an EAGLE-3 head, or use speculative.method: draft_model for an ordinary draft model"))
+                        f"SGLang load a head as {EAGLE3_ARCHITECTURES[0]} (with draft_vocab_size). Point "
+                        "draft.checkpoint at an EAGLE-3 head, or use speculative.method: draft_model for an ordinary "
+                        "draft model"))
         else:
             out.append(("warning", "head-architecture",
                         f"{cfg}: architectures is {head.architecture!r}; TensorRT-LLM takes it as EAGLE-3 because "
@@ -544,8 +436,8 @@ def check_eagle3_head(
         bad = [i for i in layers if not -1 <= i < L]
         if bad:
             out.append(("error", "head-capture-layers",
-                        f"{where}: layers {bad} are outside the target's {L} layers (0..{L - 1}, -1 = last): the head was "
-                        "trained for a deeper target; use a head trained for this target"))
+                        f"{where}: layers {bad} are outside the target's {L} layers (0..{L - 1}, -1 = last): the head "
+                        "was trained for a deeper target; use a head trained for this target"))
     shapes = _tensor_shapes(head.path)
     fc = next((s for n, s in shapes.items() if n == "fc.weight" or n.endswith(".fc.weight")), None)
     if fc and layers and th and len(fc) == 2 and fc[1] != len(layers) * th:
@@ -589,13 +481,14 @@ def check_mtp_target(target: CheckpointInfo, served_model_types: dict[str, str])
     cfg = f"{target.path}/config.json"
     if mtp_layers(target) < 1:
         out.append(("error", "mtp-layers",
-                    f"{cfg}: no MTP layers ({' / '.join(MTP_LAYER_KEYS)} missing or 0): speculative.method: mtp drafts "
-                    "with the target's own multi-token-prediction layers; use a target trained with them (DeepSeek-V3/R1, "
-                    "GLM-4.5, ...) or method: eagle3 / draft_model"))
+                    f"{cfg}: no MTP layers ({' / '.join(MTP_LAYER_KEYS)} missing or 0): speculative.method: mtp "
+                    "drafts with the target's own multi-token-prediction layers; use a target trained with them "
+                    "(DeepSeek-V3/R1, GLM-4.5, ...) or method: eagle3 / draft_model"))
     if target.model_type not in served_model_types:
         out.append(("error", "mtp-architecture",
-                    f"{cfg}: model_type {target.model_type!r} ({target.architecture}) is not one TensorRT-LLM serves with "
-                    f"MTP ({', '.join(sorted(served_model_types))}); use method: eagle3 or draft_model for this target"))
+                    f"{cfg}: model_type {target.model_type!r} ({target.architecture}) is not one TensorRT-LLM serves "
+                    f"with MTP ({', '.join(sorted(served_model_types))}); use method: eagle3 or draft_model for this "
+                    "target"))
     return out
 
 
@@ -622,7 +515,7 @@ def check_medusa_heads(
             out.append(("error", "medusa-choices", f"speculative.{p}"))
     if info.shared_lm_head and engine == "tensorrt_llm":
         out.append(("error", "medusa-lm-head",
-                    f"draft.checkpoint {heads.path}: the heads share the target's LM head (config.json lm_head: target), "
-                    "but TensorRT-LLM's load_medusa_hf reads each head's own; write them out with `python -m "
+                    f"draft.checkpoint {heads.path}: the heads share the target's LM head (config.json lm_head: "
+                    "target), but TensorRT-LLM's load_medusa_hf reads each head's own; write them out with `python -m "
                     "trtspec.reference_engine.medusa materialize HEADS TARGET OUT` and point draft.checkpoint at OUT"))
     return out
