@@ -94,7 +94,8 @@ Environment (tool locations; defaults fit NVIDIA's container):
 )  # fmt: skip
 @click.option(
     "--ignore-preflight", multiple=True, metavar="CODE",
-    help="Proceed despite this preflight error code (e.g. gpu-memory when you know the estimate is pessimistic). Repeatable.",
+    help="Proceed despite this preflight error code (e.g. gpu-memory when you know the estimate is pessimistic). "
+         "Repeatable.",
 )  # fmt: skip
 @friendly_errors(ConfigError, DemoPairError, GpuSpecError, BuildError, CheckpointError)
 def command(

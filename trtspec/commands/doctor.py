@@ -78,7 +78,9 @@ def command(config: Path, gpus: str | None, output: Path | None) -> None:
         for role in ("target", "draft"):
             if getattr(cfg, role) is not None:
                 say(f"  {role} precision: {escape(describe_precision(getattr(cfg, role).dtype, cfg.device))}")
-                say(f"  {role} weight products: {escape(describe_linear_kernels(getattr(cfg, role).linear_kernels, checkpoint_path(cfg, role), out / 'kernels', cfg.device))}")
+                kernels = describe_linear_kernels(getattr(cfg, role).linear_kernels, checkpoint_path(cfg, role),
+                                                  out / "kernels", cfg.device)
+                say(f"  {role} weight products: {escape(kernels)}")
 
     if cfg.engine is EngineKind.llmapi:
         for line in draft_length_floor(cfg, machine.tensorrt_llm_version):
@@ -90,7 +92,8 @@ def command(config: Path, gpus: str | None, output: Path | None) -> None:
         if pf.kv_fractions:
             say(
                 "  kv_cache_free_gpu_mem_fraction: "
-                + "; ".join(f"{r} {f}{' (derived)' if pf.kv_derived.get(r) else ''}" for r, f in pf.kv_fractions.items())
+                + "; ".join(f"{r} {f}{' (derived)' if pf.kv_derived.get(r) else ''}"
+                            for r, f in pf.kv_fractions.items())
             )
         for line in describe_estimates(pf):
             say(f"  memory: {escape(line)}")
@@ -121,7 +124,8 @@ def draft_length_floor(cfg, installed: str | None) -> list[str]:
     except KeyError as e:
         return [str(e.args[0])]
     two_model = bool(cfg.llmapi and cfg.llmapi.eagle3_two_model)
-    return [explain(cfg.speculative.method or "draft_model", fields, version or f"{pinned_version()} (pinned)", two_model)]
+    return [explain(cfg.speculative.method or "draft_model", fields, version or f"{pinned_version()} (pinned)",
+                    two_model)]
 
 
 def runnable_flavours(trtllm_version: str | None) -> list[str]:
@@ -193,8 +197,10 @@ def print_machine(m: Machine, out: Path) -> None:
 
     tool("tritonserver", m.tritonserver.path, m.tritonserver.version, m.tritonserver.note)
     tool("trtllm-build", m.trtllm_build.path, m.trtllm_build.version, m.trtllm_build.note)
-    tool("tensorrt_llm", "importable" if m.tensorrt_llm_version else None, m.tensorrt_llm_version, None if m.tensorrt_llm_version else "not installed")
-    tool("TensorRT", "installed" if m.tensorrt_version else None, m.tensorrt_version, None if m.tensorrt_version else "not installed")
+    tool("tensorrt_llm", "importable" if m.tensorrt_llm_version else None, m.tensorrt_llm_version,
+         None if m.tensorrt_llm_version else "not installed")
+    tool("TensorRT", "installed" if m.tensorrt_version else None, m.tensorrt_version,
+         None if m.tensorrt_version else "not installed")
     say(f"  engine flow supported: {escape(ENGINE_FLOW_RANGE.label)}")
     say(f"  flavours this machine runs: {escape(', '.join(runnable_flavours(m.tensorrt_llm_version)))}")
     if m.triton_container:
