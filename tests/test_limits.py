@@ -9,13 +9,13 @@ from trtspec.contract import RequestError
 from trtspec.contract.limits import LimitError, RequestLimits
 from trtspec.llmapi import serving
 
-LIMITS = RequestLimits(max_draft_len=8, max_input_len=64)
+LIMITS = RequestLimits(max_k=8, max_input_len=64)
 
 
 def test_a_request_within_the_limits_passes():
     LIMITS.check(56, 8, 8)
     LIMITS.check(None, None, None)  # nothing known: nothing to check
-    RequestLimits(max_draft_len=4).check(10_000, 10_000, 4)  # no max_input_len: unchecked
+    RequestLimits(max_k=4).check(10_000, 10_000, 4)  # no max_input_len: unchecked
 
 
 @pytest.mark.parametrize("prompt,max_tokens,k,field,says", [

@@ -22,6 +22,9 @@ from trtspec.spec.drafters import SELECTIONS
 
 DRAFT_LENGTH_POLICIES = ("fixed", "adaptive")
 
+# the draft length k a request asks for: its field here, the build config's default for it, the bench's results
+NUM_DRAFT_TOKENS = "num_draft_tokens"
+
 # The guide types the pinned backends map to TensorRT-LLM's GuidedDecodingParams (the C++ backend's utils.cc
 # getGuidedDecodingParamsFromTensors and the Python backend's model.py, tensorrtllm_backend v0.19.0 = c1e1963).
 # The C++ backend ignores any other value; here it is refused.
@@ -115,14 +118,14 @@ MAX_TOP_LOG_PROBS = 20
 REQUEST_FIELDS: tuple[RequestField, ...] = (
     RequestField("text_input", "STRING", "the prompt", required=True),
     RequestField("max_tokens", "INT32", "tokens to generate at most", required=True, check=_at_least(1)),
-    RequestField("num_draft_tokens", "INT32", "draft length k (default: the deployment's; 0: no drafting); "
+    RequestField(NUM_DRAFT_TOKENS, "INT32", "draft length k (default: the deployment's; 0: no drafting); "
                  "with draft_length_policy adaptive the most the controller may pick",
-                 loop_input="num_draft_tokens", check=_at_least(0)),
+                 loop_input=NUM_DRAFT_TOKENS, check=_at_least(0)),
     RequestField("use_draft_logits", "BOOL", "rejection sampling against the draft's distribution",
                  loop_input="use_draft_logits"),
     _choice("draft_source", tuple(SELECTIONS), "who proposes draft tokens"),
     _choice("draft_length_policy", DRAFT_LENGTH_POLICIES,
-            "fixed: k draft tokens every iteration; adaptive: the goodput controller picks k (0 to num_draft_tokens) "
+            f"fixed: k draft tokens every iteration; adaptive: the goodput controller picks k (0 to {NUM_DRAFT_TOKENS}) "
             "and the source each iteration"),
     RequestField("stream", "BOOL", "stream accepted tokens as they come", loop_input="streaming"),
     RequestField("temperature", "FP32", "0 or unset: greedy", loop_input="temperature", engine_input="temperature",
@@ -229,7 +232,7 @@ RESPONSE_STATS: tuple[Stat, ...] = (
          counter="spec_decode_num_load_paused_iterations"),
     Stat("acceptance_derived", "INT32", "1: the engine reported no acceptance (TensorRT-LLM's PyTorch path before mid-2026) "
          "and trtspec derived it from tokens and target steps (accepted = tokens - steps; proposed = generation steps x "
-         "max_draft_len, an upper bound)", counter="spec_decode_num_derived_acceptance_requests"),
+         "the most draft tokens a step verifies, an upper bound)", counter="spec_decode_num_derived_acceptance_requests"),
     Stat("guided_without_drafting", "INT32", "1: a guided request on an engine that does not apply the guide to "
          "drafted tokens (TensorRT-LLM's tensorrtllm backend masks one position per step): it ran without drafting, "
          "as one engine call (trtspec.guided)", counter="spec_decode_num_guided_undrafted_requests"),

@@ -1,12 +1,13 @@
 """A request's limits in a deployment, checked in one place: the loop, the OpenAI API and the llmapi model call
 `RequestLimits.check` with what they know of the request. The build config and preflight check the build's own
-settings (the default num_draft_tokens, the schedule) against the same max_draft_len at build time."""
+settings (a request's default draft length, the schedule) against the same bound at build time."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from trtspec.contract.errors import RequestError
+from trtspec.contract.fields import NUM_DRAFT_TOKENS
 
 
 class LimitError(RequestError):
@@ -21,16 +22,16 @@ class LimitError(RequestError):
 class RequestLimits:
     """What a deployment's engines were built for."""
 
-    max_draft_len: int  # draft tokens one target call verifies at most
+    max_k: int  # draft tokens one target call verifies at most (the build config's max_draft_len)
     max_input_len: int | None = None  # prompt + max_tokens: the loop resends the running sequence; None: unchecked
 
-    def check(self, prompt_tokens: int | None, max_tokens: int | None, num_draft_tokens: int | None) -> None:
-        """Raises LimitError naming the limit a request is over; None: not known here, not checked."""
-        k = num_draft_tokens
-        if k is not None and k > self.max_draft_len:
-            raise LimitError(f"num_draft_tokens {k} is larger than max_draft_len {self.max_draft_len}: this "
-                             f"deployment's target verifies at most {self.max_draft_len} draft tokens per call",
-                             "num_draft_tokens")
+    def check(self, prompt_tokens: int | None, max_tokens: int | None, k: int | None) -> None:
+        """Raises LimitError naming the limit a request is over; `k`: the draft length it asks for; None: not known
+        here, not checked."""
+        if k is not None and k > self.max_k:
+            raise LimitError(f"{NUM_DRAFT_TOKENS} {k} is larger than max_draft_len {self.max_k}: this "
+                             f"deployment's target verifies at most {self.max_k} draft tokens per call",
+                             NUM_DRAFT_TOKENS)
         if self.max_input_len is None or prompt_tokens is None or max_tokens is None:
             return
         total, limit = prompt_tokens + max_tokens, self.max_input_len

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trtspec.contract import REQUEST_FIELDS, STAT, RequestError
+from trtspec.contract import NUM_DRAFT_TOKENS, REQUEST_FIELDS, STAT, RequestError
 from trtspec.contract.limits import RequestLimits
 from trtspec.spec.metrics import SpecStats
 
@@ -33,7 +33,7 @@ class ParsedRequest:
 
 
 # request fields the LLM API honours (the others that change the output are refused by name)
-SERVED = {"text_input", "max_tokens", "num_draft_tokens", "use_draft_logits", "draft_source", "draft_length_policy",
+SERVED = {"text_input", "max_tokens", NUM_DRAFT_TOKENS, "use_draft_logits", "draft_source", "draft_length_policy",
           "stream", "temperature", "top_k", "top_p", "seed", "min_tokens", "end_id", "pad_id", "stop_words",
           "bad_words", "return_perf_metrics"}
 # accepted at the value that changes nothing (their checks in trtspec.contract refuse any other)
@@ -80,8 +80,8 @@ def parse(get: Getter, default_draft_len: int, guided_refused: str | None = None
         if f.dims == (1,) and f.dtype != "STRING":
             f.validate(get(f.name))
     max_tokens = int(get("max_tokens"))
-    k = get("num_draft_tokens")
-    RequestLimits(max_draft_len=default_draft_len).check(None, max_tokens, None if k is None else int(k))
+    k = get(NUM_DRAFT_TOKENS)
+    RequestLimits(max_k=default_draft_len).check(None, max_tokens, None if k is None else int(k))
     if get("return_log_probs"):
         raise RequestError("return_log_probs: not available with engine: llmapi in this release; use engine: "
                            "tensorrt_llm or reference, or leave it out")

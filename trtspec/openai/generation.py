@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from trtspec.client import request_fields
-from trtspec.contract import STAT
+from trtspec.contract import NUM_DRAFT_TOKENS, STAT
 from trtspec.contract.limits import LimitError, RequestLimits
 from trtspec.spec.logprobs import TopLogProbs
 from trtspec.spec.metrics import SpecStats
@@ -149,7 +149,7 @@ def checked_max_tokens(limits: RequestLimits, req: GenerationRequest, prompt_tok
     try:
         limits.check(prompt_tokens, max_tokens, req.num_draft_tokens)
     except LimitError as e:
-        if e.field == "num_draft_tokens":
+        if e.field == NUM_DRAFT_TOKENS:
             raise OpenAIError(400, str(e), param=e.field) from None
         raise OpenAIError(400, str(e), param=prompt_param, code="context_length_exceeded") from None
     return max_tokens
