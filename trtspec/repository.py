@@ -28,7 +28,7 @@ from trtspec.config import BuildConfig, EngineKind, checkpoint_path, plan_max_nu
 from trtspec.spec.drafters import drafts_in_target
 from trtspec.spec.methods import in_engine
 from trtspec.reference_engine.tensor_io import NEXT_DRAFT_IDS, NEXT_DRAFT_LEN
-from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_OUTPUTS, RESPONSE_STATS, nvidia
+from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_OUTPUTS, RESPONSE_STATS, STAT, nvidia
 from trtspec.contract.models import BASELINE, BASELINE_LOOP, DRAFT, ENSEMBLE, LOOP, TARGET
 from trtspec.guided import (
     BACKEND as GUIDED_BACKEND, BACKEND_PARAMETER, GUIDE_START, TOKENIZER_INFO_FILE, TOKENIZER_INFO_PARAMETER,
@@ -179,7 +179,7 @@ def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_
     spec = cfg.speculative
     # in-engine speculation (Medusa): its statistics are the engine's perf metrics, where the version declares them
     outputs = {t.name for t in _contract(version, TARGET).outputs}
-    engine_reports_drafts = in_engine(spec.method) and "total_draft_tokens" in outputs
+    engine_reports_drafts = in_engine(spec.method) and STAT.total_draft_tokens in outputs
     if spec.adaptive.batched_steps is None:  # resolved here, where the device is known
         batched = not (cfg.engine == "reference" and cfg.device != "cuda")
         spec = spec.model_copy(update={"adaptive": spec.adaptive.model_copy(update={"batched_steps": batched})})

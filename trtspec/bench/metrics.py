@@ -16,7 +16,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from trtspec.contract import RESPONSE_STATS
+from trtspec.contract import RESPONSE_STATS, STAT, stat_by_name
 from trtspec.spec.metrics import EMITTED_COUNTER, REQUESTS_COUNTER, SpecStats
 
 # counter -> the per-request quantity it must equal the sum of (a statistic of trtspec.contract, or these two)
@@ -24,7 +24,8 @@ COUNTERS = {REQUESTS_COUNTER: "requests", EMITTED_COUNTER: "output_tokens"} | {
     s.counter: s.name for s in RESPONSE_STATS if s.counter and not s.vector
 }
 # the three the check is about (the others are reported and must match too)
-PRIMARY = (REQUESTS_COUNTER, "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
+PRIMARY = (REQUESTS_COUNTER, stat_by_name(STAT.total_draft_tokens).counter,
+           stat_by_name(STAT.total_accepted_draft_tokens).counter)
 PER_POSITION = {s.counter: s.name for s in RESPONSE_STATS if s.label == "position"}
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]  # (metric name, sorted labels)

@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from trtspec.config import SpeculativeConfig
-from trtspec.contract import REQUEST_FIELDS, EngineCallError, RequestError
+from trtspec.contract import REQUEST_FIELDS, STAT, EngineCallError, RequestError
 from trtspec.contract.limits import RequestLimits
 from trtspec.spec.drafters import SELECTIONS, SOURCES, Drafter, Proposal, TargetDrafter, drafts_in_target
 from trtspec.guided import GuidedRequest, GuidedSettings
@@ -242,11 +242,11 @@ class SpeculativeLoop:
             wanted.append("next_draft_ids")
         if engine_drafts is not None:  # the engine's own speculation, as its perf metrics count it
             tensors["return_perf_metrics"] = np.array([[True]])
-            wanted += ["total_draft_tokens", "total_accepted_draft_tokens"]
+            wanted += [STAT.total_draft_tokens, STAT.total_accepted_draft_tokens]  # the engine's outputs' names
         out = self.call(self.settings.target_model, tensors, wanted)
         if engine_drafts is not None:
             engine_drafts[:] = [int(np.asarray(out.get(n, [[0]])).reshape(-1)[0])
-                                for n in ("total_draft_tokens", "total_accepted_draft_tokens")]
+                                for n in (STAT.total_draft_tokens, STAT.total_accepted_draft_tokens)]
         if in_target is not None:
             in_target.next = [int(x) for x in np.asarray(out.get("next_draft_ids", [])).reshape(-1)]
         new = self._new_tokens(out, len(seq))
