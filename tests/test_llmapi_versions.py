@@ -432,11 +432,11 @@ def test_zero_engine_acceptance_is_derived_from_tokens_and_steps_and_marked():
                                         request_perf_metrics=standin.RequestPerfMetrics(first, last, last, sd))
 
     # the PyTorch path's zeros: 10 tokens in 4 steps (1 context + 3 generation steps) at max_draft_len 3
-    st = serving.stats_of(output(10, 5, 8), max_draft_len=3)
+    st = serving.stats_of(output(10, 5, 8), max_k=3)
     assert (st.total_accepted_draft_tokens, st.total_draft_tokens, st.acceptance_derived) == (6, 9, 1)
     assert serving.response_tensors("x", [1], st)["acceptance_derived"].tolist() == [[1]]
     # figures the engine reported are kept as they are
-    st = serving.stats_of(output(10, 5, 8, proposed=9, accepted=6), max_draft_len=3)
+    st = serving.stats_of(output(10, 5, 8, proposed=9, accepted=6), max_k=3)
     assert (st.total_accepted_draft_tokens, st.acceptance_derived) == (6, 0)
     # no speculation (as many tokens as steps) stays zero, not derived
-    assert serving.stats_of(output(4, 5, 8), max_draft_len=3).acceptance_derived == 0
+    assert serving.stats_of(output(4, 5, 8), max_k=3).acceptance_derived == 0

@@ -51,9 +51,9 @@ def is_one_engine(method: str, two_model: bool = False) -> bool:
     return method in ONE_ENGINE_METHODS and not (method == "eagle3" and two_model)
 
 
-def draft_len_at(schedule: Mapping[int, int] | None, max_concurrency: int | None, max_draft_len: int, batch: int) -> int:
+def draft_len_at(schedule: Mapping[int, int] | None, max_concurrency: int | None, max_k: int, batch: int) -> int:
     """The draft length a batch of `batch` requests gets (trtspec's schedule keys; max_concurrency: 0 above it)."""
-    k = max_draft_len
+    k = max_k
     for b, v in sorted((schedule or {}).items()):
         if batch >= b:
             k = v
@@ -65,7 +65,7 @@ def draft_len_at(schedule: Mapping[int, int] | None, max_concurrency: int | None
 def resolve(
     method: str,
     fields: Mapping[str, Any],
-    max_draft_len: int,
+    max_k: int,
     schedule: Mapping[int, int] | None,
     max_concurrency: int | None,
     two_model: bool = False,
@@ -96,7 +96,7 @@ def resolve(
     fix = " (set llmapi.eagle3_two_model: true to stop drafting there instead)" if method == "eagle3" and \
         TWO_MODEL_FIELD in fields["decoding_types"]["eagle3"]["fields"] else ""
     notes: list[str] = []
-    out = {b: max(1, k) for b, k in (schedule or {1: max_draft_len}).items()}
+    out = {b: max(1, k) for b, k in (schedule or {1: max_k}).items()}
     if zeros:
         notes.append(f"draft_len_schedule: the bands of 0 from batch sizes {zeros} draft 1 token instead: {why}{fix}")
     if max_concurrency is not None:

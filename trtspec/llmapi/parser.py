@@ -12,6 +12,8 @@ from typing import Any
 
 from trtspec.llmapi.fields import version_fields
 
+MAX_DRAFT_LEN = "max_draft_len"  # DecodingBaseConfig's field: the most draft tokens one step verifies
+
 
 class LlmArgsError(ValueError):
     """What TensorRT-LLM would raise at load, with the key that causes it."""
@@ -54,9 +56,9 @@ def decoding_config_from_dict(data: dict[str, Any], version: str | None = None) 
     _check_schedule(values, f)
     if method == "mtp":
         # MTPDecodingConfig.from_dict: max_draft_len = num_nextn_predict_layers (default 1), whatever the YAML says
-        values["max_draft_len"] = int(values.get(kind["draft_len_field"], 1))
+        values[MAX_DRAFT_LEN] = int(values.get(kind["draft_len_field"], 1))
     if method == "eagle3":
-        if values.get("max_draft_len") is None:
+        if values.get(MAX_DRAFT_LEN) is None:
             raise LlmArgsError("speculative_config.max_draft_len: max_draft_len is required for Eagle")
         if values.get(f["speculative_model_field"]) is None:
             raise LlmArgsError(f"speculative_config.{f['speculative_model_field']}: Draft model must be provided for EAGLE")
@@ -71,7 +73,7 @@ def _check_schedule(values: dict[str, Any], f: dict[str, Any]) -> None:
     if rules is None:
         raise LlmArgsError("speculative_config.draft_len_schedule: not a field of this TensorRT-LLM version")
     sched = {int(b): int(k) for b, k in sched.items()}
-    mdl = values.get("max_draft_len")
+    mdl = values.get(MAX_DRAFT_LEN)
     if 1 not in sched:
         raise LlmArgsError("speculative_config.draft_len_schedule must include batch_size=1")
     if rules["requires_key_1_equal_max_draft_len"] and mdl is not None and sched[1] != mdl:

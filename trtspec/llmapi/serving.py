@@ -113,7 +113,7 @@ def parse(get: Getter, default_draft_len: int, guided_refused: str | None = None
     return ParsedRequest(str(text), bool(get("stream")), sampling)
 
 
-def stats_of(output: Any, max_draft_len: int = 0) -> SpecStats:
+def stats_of(output: Any, max_k: int = 0) -> SpecStats:
     """trtspec's counters from one CompletionOutput's TensorRT-LLM perf metrics. Where the engine reports no
     acceptance but produced more tokens than it ran steps (TensorRT-LLM's PyTorch path returned zeros for every
     speculative mode until PR #17082, mid-2026), they are derived from tokens and steps and marked so."""
@@ -126,10 +126,10 @@ def stats_of(output: Any, max_draft_len: int = 0) -> SpecStats:
     st.total_accepted_draft_tokens = int(sd.total_accepted_draft_tokens)
     st.num_iterations = int(pm.last_iter) - int(pm.first_iter) + 1
     tokens = len(getattr(output, "token_ids", None) or [])
-    if st.total_draft_tokens == 0 and max_draft_len > 0 and tokens > st.num_iterations:
+    if st.total_draft_tokens == 0 and max_k > 0 and tokens > st.num_iterations:
         # every step yields one token of its own plus the drafts it accepted; the context step drafts nothing
         st.total_accepted_draft_tokens = tokens - st.num_iterations
-        st.total_draft_tokens = max(st.total_accepted_draft_tokens, (st.num_iterations - 1) * max_draft_len)
+        st.total_draft_tokens = max(st.total_accepted_draft_tokens, (st.num_iterations - 1) * max_k)
         st.acceptance_derived = 1
     return st
 

@@ -12,6 +12,7 @@ import yaml
 
 from trtspec import triton_io as io
 from trtspec.llmapi import serving
+from trtspec.llmapi.parser import MAX_DRAFT_LEN
 from trtspec.llmapi.seam import load_api, load_guided_params
 from trtspec.spec.metrics import PrometheusExporter
 
@@ -23,7 +24,7 @@ class TritonPythonModel:
     def initialize(self, args):
         doc = yaml.safe_load((Path(__file__).parent / "model.yaml").read_text())
         doc.pop("triton_config", None)
-        self.max_draft_len = int((doc.get("speculative_config") or {}).get("max_draft_len") or 0)
+        self.max_k = int((doc.get("speculative_config") or {}).get(MAX_DRAFT_LEN) or 0)
         LLM, self.SamplingParams, self.implementation, parse = load_api()
         self.GuidedDecodingParams = load_guided_params()
         self.guided_refused = io.model_parameters(args).get(serving.GUIDED_REFUSAL) or None
@@ -60,7 +61,7 @@ class TritonPythonModel:
     async def _serve(self, request):
         sender = request.get_response_sender()
         try:
-            parsed = serving.parse(lambda name: self._get(request, name), self.max_draft_len, self.guided_refused)
+            parsed = serving.parse(lambda name: self._get(request, name), self.max_k, self.guided_refused)
             sampling = dict(parsed.sampling)
             if "guided_decoding" in sampling:
                 sampling["guided_decoding"] = self.GuidedDecodingParams(**sampling["guided_decoding"])
@@ -73,11 +74,11 @@ class TritonPythonModel:
                     result.abort()
                     break
                 if parsed.streaming and output.token_ids_diff and not result.finished:
-                    stats = serving.stats_of(output, self.max_draft_len)
+                    stats = serving.stats_of(output, self.max_k)
                     sender.send(self._response(output.text_diff, output.token_ids_diff, stats))
             if output is None:
                 raise RuntimeError("the LLM produced no output")
-            stats = serving.stats_of(output, self.max_draft_len)
+            stats = serving.stats_of(output, self.max_k)
             self.metrics.record(stats, len(output.token_ids))  # before the final response: scrapes see it
             if sender.is_cancelled():
                 sender.send(flags=_FINAL)
