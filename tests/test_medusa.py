@@ -198,7 +198,7 @@ def test_tree_verify_is_greedy_identical_and_keeps_only_the_accepted_path(engine
         for name, engine in with_heads.items():
             r = engine.run(EngineRequest(prompt, 24))
             assert r.new_tokens == want, (name, text)
-            assert r.num_draft_tokens > 0
+            assert r.num_drafted > 0
             accepted += r.num_accepted
             # the cache kept is the committed sequence but its last token, and its KV is what a plain prefill of
             # those tokens computes: no position of a rejected branch is left in it

@@ -45,7 +45,7 @@ def test_verify_stops_before_the_end_token(eng):
     free = greedy(eng, 6).new_tokens
     # draft = the target's own tokens: all accepted; the end token is the 3rd target token
     r = eng.run(EngineRequest(list(PROMPT), output_len=5, draft_ids=free[:4], end_id=free[2]))
-    assert r.tokens == PROMPT + free[:2] and r.num_draft_tokens == 4
+    assert r.tokens == PROMPT + free[:2] and r.num_drafted == 4
     # the target's next token after the accepted prefix is the end token: input + accepted prefix only
     r = eng.run(EngineRequest(list(PROMPT), output_len=3, draft_ids=free[:2], end_id=free[2]))
     assert r.tokens == PROMPT + free[:2] and r.num_accepted == 2

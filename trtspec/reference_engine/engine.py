@@ -391,7 +391,7 @@ class ReferenceEngine:
                     break
             if nodes:
                 self.medusa_work.record(len(path))
-                result.num_draft_tokens += max(tree.depth)
+                result.num_drafted += max(tree.depth)
                 result.num_accepted += min(len(path), len(emitted))
             # the cache keeps the committed sequence but its last token: the accepted nodes emitted before it
             kept = path[: max(0, len(emitted) - 1)]
@@ -460,7 +460,7 @@ class ReferenceEngine:
             generation_logits=raw[: len(new)].astype(np.float32) if req.return_generation_logits and new else None,
             context_logits=all_rows[: len(seq)].astype(np.float32) if req.return_context_logits else None,
             log_probs=[self._log_prob(rows[i], t) for i, t in enumerate(new)] if req.return_log_probs else None,
-            num_draft_tokens=k,
+            num_drafted=k,
             num_accepted=v.num_accepted,
             reused_tokens=reuse,
             computed_tokens=n_computed,

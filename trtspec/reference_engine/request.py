@@ -51,7 +51,7 @@ class EngineResult:
     generation_logits: np.ndarray | None = None  # [new, V] raw logits of the generated positions
     context_logits: np.ndarray | None = None  # [input_len, V] raw logits of the input positions
     log_probs: list[float] | None = None  # per new token, of the processed distribution
-    num_draft_tokens: int = 0
+    num_drafted: int = 0  # draft tokens this call verified (TensorRT-LLM's perf metrics count them)
     num_accepted: int = 0
     reused_tokens: int = 0  # how many input tokens came from the prefix cache
     computed_tokens: int = 0

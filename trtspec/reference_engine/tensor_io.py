@@ -159,7 +159,7 @@ def result_tensors(
         out["output_log_probs"] = t(np.reshape(result.log_probs, (1, 1, -1)), np.float32)
         out["cum_log_probs"] = t([[sum(result.log_probs)]], np.float32)
     if flag("return_perf_metrics"):
-        k, a = result.num_draft_tokens, result.num_accepted
+        k, a = result.num_drafted, result.num_accepted
         new_blocks, reused_blocks, total_blocks = result.kv_blocks()
         for name, value, dtype in (
             ("kv_cache_alloc_new_blocks", new_blocks, np.int32),
