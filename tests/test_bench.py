@@ -160,7 +160,7 @@ def test_plan_cells_always_runs_the_baseline():
     cells = plan_cells(BenchSettings(concurrency=[4, 1], draft_tokens=[4, 2]))
     assert [c.label for c in cells] == ["c=1 baseline", "c=1 k=2", "c=1 k=4", "c=4 baseline", "c=4 k=2", "c=4 k=4"]
     cells = plan_cells(BenchSettings(concurrency=[1], draft_tokens=[0, 2], k0_on_ensemble=True))
-    assert [(c.endpoint, c.num_draft_tokens, c.speculative) for c in cells] == [
+    assert [(c.endpoint, c.k, c.speculative) for c in cells] == [
         (BASELINE, 0, False), (ENSEMBLE, 0, False), (ENSEMBLE, 2, True)]
 
 
@@ -270,7 +270,7 @@ def _synthetic_run(fixed_tok_s, adaptive_tok_s, counts=None):
     runs = []
     for cell in plan_cells(settings):
         tok_s = (adaptive_tok_s if cell.policy is None and cell.endpoint == ENSEMBLE else fixed_tok_s)[
-            (cell.concurrency, cell.num_draft_tokens)]
+            (cell.concurrency, cell.k)]
         rec = RequestRecord(cell, 0, False, builtin_prompts()[0], start=0.0)
         rec.chunk_times, rec.chunk_tokens = [10 / tok_s], [10]  # end = the last response
         if counts and cell.endpoint == ENSEMBLE and cell.policy is None:

@@ -54,7 +54,7 @@ def make_run(rss_totals=(1000, 1300, 1050), ready=True, extra_records=()):
                       (REQUESTS_COUNTER, BASELINE): 7, (EMITTED_COUNTER, BASELINE): 60, (CANCELLED_COUNTER, BASELINE): 0})
     rss = [RssSample(t, total, {"a": total}) for t, total in zip((0.0, 5.0, 70.0), rss_totals)]
     return SoakRun(SoakSettings(1.0, streams=4), BenchSettings(), records, 10.0, before, after, rss, 10.0, ready,
-                   ["E1123 bad thing"], num_draft_tokens=3)
+                   ["E1123 bad thing"], k=3)
 
 
 def test_summary_counts_add_up_and_checks_follow_the_figures():

@@ -7,7 +7,7 @@ What it measures, in this order (greedy, batch 1, one request at a time, two pro
 input-grounded):
 
 1. Through a real Triton server (repository generated from the config into a temp dir, free ports):
-   * the ``baseline`` endpoint (target only) and the ``ensemble`` endpoint (speculative, ``num_draft_tokens=k``)
+   * the ``baseline`` endpoint (target only) and the ``ensemble`` endpoint (speculative, draft length k)
      on the same prompts with the same ``max_tokens``, interleaved per prompt (A B, B A, ...) so slow drifts of
      a shared CPU hit both alike; warm-up requests are excluded; outputs are checked token for token;
    * Triton's own per-model statistics (``GET /v2/models/stats``) before and after every measured request:

@@ -24,6 +24,7 @@ from trtspec.bench.loop_stats import (
     ratio,
     stats_delta,
 )
+from trtspec.contract import NUM_DRAFT_TOKENS
 from trtspec.contract.models import BASELINE, ENSEMBLE
 from trtspec.spec.metrics import SpecStats
 from trtspec.spec.speculative import solve_alpha
@@ -146,7 +147,7 @@ def run_server_phase(cfg: Any, prompts: Sequence[BenchPrompt], args: LoopBenchAr
         log(f"server ready in {out['startup_s']:.0f} s at {ep.http}")
 
         def gen(endpoint: str, text: str, max_tokens: int) -> Generation:
-            kw = {"num_draft_tokens": args.k, "draft_source": args.draft_source} if endpoint == "speculative" else {}
+            kw = {NUM_DRAFT_TOKENS: args.k, "draft_source": args.draft_source} if endpoint == "speculative" else {}
             return clients[endpoint].generate(text, max_tokens=max_tokens, stream=args.stream, **kw)
 
         # warm-up: both endpoints, short requests on texts outside the measured set (excluded from everything)

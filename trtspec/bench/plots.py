@@ -9,13 +9,14 @@ from typing import Any
 
 from trtspec.bench import stats as st
 from trtspec.bench.runner import BASELINE
+from trtspec.contract import NUM_DRAFT_TOKENS
 
 
 def series_label(cell: dict[str, Any], deployment_policy: str | None = None) -> str:
     """A cell's line in the plots, named by what chose its draft length: under adaptive the controller picks k each
     iteration up to the cell's k, so "k=3" would read as a fixed k = 3. A cell that sent no policy runs under the
     deployment's (`deployment_policy`, where the bench could read it)."""
-    k, policy = cell["num_draft_tokens"], cell.get("draft_length_policy") or deployment_policy
+    k, policy = cell[NUM_DRAFT_TOKENS], cell.get("draft_length_policy") or deployment_policy
     if cell["endpoint"] == BASELINE:
         return "baseline (target only)"
     if k == 0:
@@ -31,7 +32,7 @@ def _series(cells: list[dict[str, Any]], deployment_policy: str | None) -> dict[
     """Cells by plot line (series_label), baseline first, then by k, fixed before the controller; each line's
     cells by concurrency."""
     def order(c: dict[str, Any]) -> tuple:
-        return (c["endpoint"] != BASELINE, c["num_draft_tokens"], c.get("draft_length_policy") or "")
+        return (c["endpoint"] != BASELINE, c[NUM_DRAFT_TOKENS], c.get("draft_length_policy") or "")
 
     out: dict[str, list[dict[str, Any]]] = {}
     for c in sorted(cells, key=lambda c: (order(c), c["concurrency"])):
@@ -219,7 +220,7 @@ def plot_k_chosen(plt: Any, results: dict[str, Any], policy: str | None, out: Pa
             mean_ax.annotate(f"{c['k_chosen']['iterations']} it", (c["concurrency"], c["k_chosen"]["mean"]),
                              textcoords="offset points", xytext=(4, 4), fontsize=7)
     for b in results["summary"].get("best_fixed") or []:
-        mean_ax.scatter([b["concurrency"]], [b["num_draft_tokens"]], marker="*", s=120, color="black", zorder=3)
+        mean_ax.scatter([b["concurrency"]], [b[NUM_DRAFT_TOKENS]], marker="*", s=120, color="black", zorder=3)
     mean_ax.scatter([], [], marker="*", s=120, color="black", label="best fixed k (hindsight)")
     for ax, title, ylabel in ((mean_ax, "mean k chosen per iteration", "draft length k"),
                               (off_ax, "share of iterations with k=0", "fraction of iterations")):

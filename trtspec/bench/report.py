@@ -22,6 +22,7 @@ from trtspec import __version__
 from trtspec.bench import stats as st
 from trtspec.bench.plots import plot_all
 from trtspec.bench.runner import BASELINE, BenchRun, CellRun, RequestRecord, cell_policy
+from trtspec.contract import NUM_DRAFT_TOKENS
 from trtspec.spec.metrics import SpecStats
 
 SCHEMA_VERSION = 1
@@ -39,7 +40,7 @@ def request_entry(r: RequestRecord, t0: float, max_tokens: int) -> dict[str, Any
     return {
         "cell": r.cell.label,
         "concurrency": r.cell.concurrency,
-        "num_draft_tokens": r.cell.num_draft_tokens,
+        NUM_DRAFT_TOKENS: r.cell.k,
         "endpoint": r.cell.endpoint,
         "index": r.index,
         "warmup": r.warmup,
@@ -72,7 +73,7 @@ def _acceptance(ok: list[RequestRecord]) -> dict[str, Any]:
         "rate_per_request": st.describe(r.stats.acceptance_rate for r in ok if r.stats.total_draft_tokens),
         "mean_acceptance_length": total.mean_acceptance_length if total.num_drafts else None,
         "tokens_per_target_call": total.tokens_per_target_call,
-        "num_draft_tokens": total.total_draft_tokens,
+        NUM_DRAFT_TOKENS: total.total_draft_tokens,
         "num_accepted_tokens": total.total_accepted_draft_tokens,
         "num_iterations": total.num_iterations,
         "num_drafts": total.num_drafts,
@@ -128,7 +129,7 @@ def cell_entry(run: CellRun, max_tokens: int, policy: str | None = None) -> dict
     return {
         "label": c.label,
         "concurrency": c.concurrency,
-        "num_draft_tokens": c.num_draft_tokens,
+        NUM_DRAFT_TOKENS: c.k,
         "endpoint": c.endpoint,
         "speculative": c.speculative,
         "draft_length_policy": policy,
@@ -189,15 +190,15 @@ def best_fixed_k(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                  and c["output_tokens_per_s"] is not None]
         if not any(c["speculative"] for c in cands):
             continue
-        best = max(cands, key=lambda c: (c["output_tokens_per_s"], -c["num_draft_tokens"]))
+        best = max(cands, key=lambda c: (c["output_tokens_per_s"], -c[NUM_DRAFT_TOKENS]))
         base = next((c for c in cands if c["endpoint"] == BASELINE), None)
         out.append({
             "concurrency": conc,
-            "num_draft_tokens": best["num_draft_tokens"],
+            NUM_DRAFT_TOKENS: best[NUM_DRAFT_TOKENS],
             "label": best["label"],
             "output_tokens_per_s": best["output_tokens_per_s"],
             "speedup": st.speedup(best["output_tokens_per_s"], base["output_tokens_per_s"]) if base else None,
-            "tried": sorted(c["num_draft_tokens"] for c in cands),
+            "tried": sorted(c[NUM_DRAFT_TOKENS] for c in cands),
         })
     return out
 
@@ -209,7 +210,7 @@ def _add_vs_best_fixed(cells: list[dict[str, Any]], best_fixed: list[dict[str, A
         if b is None or c["endpoint"] == BASELINE:
             continue
         c["vs_best_fixed"] = {"output_tokens_per_s": st.speedup(c["output_tokens_per_s"], b["output_tokens_per_s"]),
-                              "best_num_draft_tokens": b["num_draft_tokens"]}
+                              f"best_{NUM_DRAFT_TOKENS}": b[NUM_DRAFT_TOKENS]}
 
 
 def _best(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -218,12 +219,12 @@ def _best(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         spec = [c for c in cells if c["concurrency"] == conc and c["speculative"] and c["speedup"]
                 and c["speedup"]["output_tokens_per_s"] is not None]
         if not spec:
-            out.append({"concurrency": conc, "num_draft_tokens": None, "speedup": None, "pays": None,
+            out.append({"concurrency": conc, NUM_DRAFT_TOKENS: None, "speedup": None, "pays": None,
                         "num_requests": 0})
             continue
         best = max(spec, key=lambda c: c["speedup"]["output_tokens_per_s"])
         s = best["speedup"]["output_tokens_per_s"]
-        out.append({"concurrency": conc, "num_draft_tokens": best["num_draft_tokens"], "speedup": s,
+        out.append({"concurrency": conc, NUM_DRAFT_TOKENS: best[NUM_DRAFT_TOKENS], "speedup": s,
                     "pays": s > 1.0, "num_requests": best["num_ok"],
                     "draft_length_policy": best.get("draft_length_policy")})
     return out
@@ -424,7 +425,7 @@ def table(results: dict[str, Any]) -> Any:
         "TTFT\np50", "ITL\np50", "E2E\np50", "E2E\np90", "accept", "tok/\ncall"] + (["err"] if any_errors else [])
     for name in columns:
         t.add_column(name, justify="right", no_wrap=True)
-    best = {(b["concurrency"], b["num_draft_tokens"]) for b in results["summary"]["best"] if b["pays"]}
+    best = {(b["concurrency"], b[NUM_DRAFT_TOKENS]) for b in results["summary"]["best"] if b["pays"]}
     previous = None
     for c in results["cells"]:
         if previous is not None and c["concurrency"] != previous:
@@ -433,11 +434,11 @@ def table(results: dict[str, Any]) -> Any:
         if c["endpoint"] == BASELINE:
             k, sp = "base", "1.00x"
         else:
-            k = str(c["num_draft_tokens"]) + ("*" if not c["speculative"] else "")
+            k = str(c[NUM_DRAFT_TOKENS]) + ("*" if not c["speculative"] else "")
             v = c["speedup"]["output_tokens_per_s"] if c["speedup"] else None
             sp = "-" if v is None else f"{v:.2f}x"
             if v is not None:
-                style = "bold green" if (c["concurrency"], c["num_draft_tokens"]) in best else (
+                style = "bold green" if (c["concurrency"], c[NUM_DRAFT_TOKENS]) in best else (
                     "green" if v > 1 else "red")
                 sp = f"[{style}]{sp}[/]"
         acc = c["acceptance"] or {}
@@ -490,7 +491,7 @@ def best_fixed_line(results: dict[str, Any]) -> str | None:
         return None
     parts = []
     for b in best_fixed:
-        k = "k=0 (baseline)" if b["num_draft_tokens"] == 0 else f"k={b['num_draft_tokens']}"
+        k = "k=0 (baseline)" if b[NUM_DRAFT_TOKENS] == 0 else f"k={b[NUM_DRAFT_TOKENS]}"
         parts.append(f"c={b['concurrency']}: {k}, {_num(b['speedup'], '{:.2f}x')}")
     tried = sorted({k for b in best_fixed for k in b["tried"]})
     line = (f"[bold]Best fixed k[/] (in hindsight, of k {', '.join(map(str, tried))})  " + "   ".join(parts))
@@ -511,18 +512,18 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         if b["speedup"] is None:
             parts.append(f"c={b['concurrency']}: -")
         elif b["pays"]:
-            parts.append(f"c={b['concurrency']}: k={b['num_draft_tokens']}{_policy(b)} ({b['speedup']:.2f}x)")
+            parts.append(f"c={b['concurrency']}: k={b[NUM_DRAFT_TOKENS]}{_policy(b)} ({b['speedup']:.2f}x)")
         else:
-            parts.append(f"c={b['concurrency']}: baseline (best k={b['num_draft_tokens']}{_policy(b)} is "
+            parts.append(f"c={b['concurrency']}: baseline (best k={b[NUM_DRAFT_TOKENS]}{_policy(b)} is "
                          f"{b['speedup']:.2f}x)")
-    lines.append("[bold]Best num_draft_tokens[/]  " + "   ".join(parts))
+    lines.append(f"[bold]Best {NUM_DRAFT_TOKENS}[/]  " + "   ".join(parts))
     lines.append(f"[bold]Crossover[/]  {s['crossover']['summary']}")
     fixed = best_fixed_line(results)
     if fixed:
         lines.append(fixed)
     acc = s["acceptance"]
     if acc["num_requests"]:
-        lines.append(f"[bold]Acceptance[/]  {_num(acc['rate'], '{:.1%}')} of {acc['num_draft_tokens']} draft tokens, "
+        lines.append(f"[bold]Acceptance[/]  {_num(acc['rate'], '{:.1%}')} of {acc[NUM_DRAFT_TOKENS]} draft tokens, "
                      f"{_num(acc['tokens_per_target_call'], '{:.2f}')} tokens per target call "
                      f"(n={acc['num_requests']} speculative requests)")
     oh = s["client_overhead_fraction"]

@@ -1,4 +1,4 @@
-"""Runs the benchmark: every cell (concurrency x num_draft_tokens), warm-ups first, then N streamed requests
+"""Runs the benchmark: every cell (concurrency x draft length k), warm-ups first, then N streamed requests
 sent by a fixed number of client threads (a closed loop: each thread sends its next request as soon as the
 previous one has finished). With ``rounds`` > 1 the cells of a concurrency take turns: each runs its requests in
 that many rounds, in A-B-B-A order, and its throughput is its tokens over the sum of its rounds' time.
@@ -12,9 +12,9 @@ With ``api="openai"`` the requests go through the OpenAI-compatible API of `trts
 to ``<name>`` and ``<name>-baseline``, the token ids of each chunk returned with ``return_token_ids`` and checked
 against ``usage``), so what is measured includes that server.
 
-``num_draft_tokens`` 0 is the target-only ``baseline`` endpoint; k > 0 is the speculative ``ensemble``
+k = 0 is the target-only ``baseline`` endpoint; k > 0 is the speculative ``ensemble``
 endpoint with that many draft tokens. With ``k0_on_ensemble`` a third kind of cell runs ``ensemble`` with
-num_draft_tokens=0 (drafting off): the speculative loop's own overhead against the baseline.
+k = 0 (drafting off): the speculative loop's own overhead against the baseline.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator, Sequence
 from trtspec.bench.metrics import CrossCheck, default_metrics_url
 from trtspec.bench.prompts import Prompt
 from trtspec.client import Chunk, Client, ClientError
+from trtspec.contract import NUM_DRAFT_TOKENS
 from trtspec.spec.metrics import SpecStats
 from trtspec.spec.loop import SETTINGS_PARAMETER
 
@@ -76,7 +77,7 @@ class BenchSettings:
         if not self.concurrency or min(self.concurrency) < 1:
             raise BenchError(f"concurrency levels must be >= 1, got {list(self.concurrency)}")
         if not self.draft_tokens or min(self.draft_tokens) < 0:
-            raise BenchError(f"num_draft_tokens values must be >= 0, got {list(self.draft_tokens)}")
+            raise BenchError(f"{NUM_DRAFT_TOKENS} values must be >= 0, got {list(self.draft_tokens)}")
         if self.fixed_k and min(self.fixed_k) < 0:
             raise BenchError(f"fixed k values must be >= 0, got {list(self.fixed_k)}")
         if self.requests_per_cell < 1:
@@ -107,20 +108,20 @@ class BenchSettings:
 @dataclass(frozen=True)
 class Cell:
     concurrency: int
-    num_draft_tokens: int
+    k: int  # the draft length its requests ask for (0 on the baseline)
     endpoint: str  # ensemble | baseline
     policy: str | None = None  # "fixed" for a best-fixed-k candidate; None: the run's draft_length_policy
 
     @property
     def speculative(self) -> bool:
         """Drafting on (the cells that speedup / best k / crossover are about)."""
-        return self.endpoint == ENSEMBLE and self.num_draft_tokens > 0
+        return self.endpoint == ENSEMBLE and self.k > 0
 
     @property
     def label(self) -> str:
         if self.endpoint == BASELINE:
             return f"c={self.concurrency} baseline"
-        return (f"c={self.concurrency} k={self.num_draft_tokens}" + ("" if self.num_draft_tokens else " (ensemble)")
+        return (f"c={self.concurrency} k={self.k}" + ("" if self.k else " (ensemble)")
                 + (f" {self.policy}" if self.policy else ""))
 
 
@@ -382,7 +383,7 @@ def one_request(
     client library plus the bookkeeping here. When a response arrived while the previous one was still being
     handled, only the time after that handling counts, so nothing is counted twice.
     """
-    params = {"num_draft_tokens": cell.num_draft_tokens} if cell.endpoint == ENSEMBLE else {}
+    params = {NUM_DRAFT_TOKENS: cell.k} if cell.endpoint == ENSEMBLE else {}
     if cell.endpoint == ENSEMBLE and settings.draft_source:
         params["draft_source"] = settings.draft_source
     policy = cell_policy(settings, cell)

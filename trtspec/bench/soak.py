@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 from trtspec.bench import stats as st
 from trtspec.bench.metrics import MetricsError, Sample, scrape
 from trtspec.bench.prompts import Prompt
+from trtspec.contract import NUM_DRAFT_TOKENS
 from trtspec.bench.runner import (
     BASELINE, ENSEMBLE, BenchError, BenchSettings, Cell, RequestRecord, check_deployment, one_request,
 )
@@ -233,7 +234,7 @@ class SoakRun:
     load_end_t: float
     ready_after: bool
     log_errors: list[str] = field(default_factory=list)
-    num_draft_tokens: int = 0
+    k: int = 0  # the speculative endpoint's draft length
     faults: list[InjectedFault] = field(default_factory=list)
     t0: float = 0.0  # perf_counter when the load started
 
@@ -428,7 +429,7 @@ def summarize(run: SoakRun) -> dict[str, Any]:
             }
     cancelled = sum(m[CANCELLED_COUNTER] for m in server.values()) if server else None
     after_cancel = sum(m[AFTER_CANCEL_COUNTER] for m in server.values()) if server else None
-    iteration_tokens = {ENSEMBLE: run.num_draft_tokens + 1, BASELINE: 1}  # the most one target call adds
+    iteration_tokens = {ENSEMBLE: run.k + 1, BASELINE: 1}  # the most one target call adds
     per_disconnect = {
         e: {"cancelled": m[CANCELLED_COUNTER], "tokens_after_cancel": m[AFTER_CANCEL_COUNTER],
             "per_cancel": m[AFTER_CANCEL_COUNTER] / m[CANCELLED_COUNTER] if m[CANCELLED_COUNTER] else None,
@@ -455,7 +456,7 @@ def summarize(run: SoakRun) -> dict[str, Any]:
         "settings": {"minutes": s.minutes, "streams": s.streams, "disconnect_share": s.disconnect_share,
                      "bad_share": s.bad_share, "settle_s": s.settle_s, "fault_every_s": s.fault_every_s,
                      "protocol": b.protocol, "url": b.url,
-                     "max_tokens": b.max_tokens, "num_draft_tokens": run.num_draft_tokens,
+                     "max_tokens": b.max_tokens, NUM_DRAFT_TOKENS: run.k,
                      "bad_requests": [x.name for x in s.bad_requests(b.protocol)]},
         "load_s": run.load_s,
         "requests": {
@@ -497,7 +498,7 @@ def table(summary: dict[str, Any]) -> Any:
 
     cfg, req, srv, rss = summary["settings"], summary["requests"], summary["server"], summary["rss"]
     t = Table(title=f"trtspec soak: {cfg['minutes']:g} min, {cfg['streams']} streams ({cfg['protocol']}, "
-                    f"max_tokens {cfg['max_tokens']}, k={cfg['num_draft_tokens']}), "
+                    f"max_tokens {cfg['max_tokens']}, k={cfg[NUM_DRAFT_TOKENS]}), "
                     f"{cfg['disconnect_share']:.0%} leave early, {cfg['bad_share']:.0%} bad",
               title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     t.add_column("figure")

@@ -11,13 +11,13 @@ from typing import Any, Sequence
 import click
 from rich.markup import escape
 
-from trtspec.contract import field_by_name
+from trtspec.contract import NUM_DRAFT_TOKENS, field_by_name
 from trtspec.commands._common import UserError, console, err_console
 
-_HELP = """Measure speculative decoding against target-only decoding on a running trtspec deployment.
+_HELP = f"""Measure speculative decoding against target-only decoding on a running trtspec deployment.
 
 \b
-For every cell (concurrency level x num_draft_tokens) it sends --requests
+For every cell (concurrency level x {NUM_DRAFT_TOKENS}) it sends --requests
 streamed requests with that many in flight at once (after --warmup
 requests that are not counted), and measures per request: time to first
 token (TTFT), inter-token latency (ITL), end-to-end latency, output
@@ -26,7 +26,7 @@ cell: p50/p90/p99, total output tokens/s and, with drafting on, the
 acceptance rate, tokens per target call and acceptance per draft position.
 
 \b
-num_draft_tokens 0 is the target-only `baseline` endpoint; k > 0 is the
+{NUM_DRAFT_TOKENS} 0 is the target-only `baseline` endpoint; k > 0 is the
 speculative `ensemble` endpoint with k draft tokens per step. The baseline
 always runs at every concurrency: each speculative cell's speedup is its
 output tokens/s over the baseline's at the same concurrency. The report
@@ -143,7 +143,7 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
 @click.option("--concurrency", default="1,2,4,8,16", show_default=True, metavar="LIST",
               help="Concurrency levels: requests in flight at once (comma-separated).")
 @click.option("--draft-tokens", default="0,2,4", show_default=True, metavar="LIST",
-              help="num_draft_tokens values; 0 = the target-only baseline endpoint (always run).")
+              help=f"{NUM_DRAFT_TOKENS} values; 0 = the target-only baseline endpoint (always run).")
 @click.option("--draft-source", type=click.Choice(field_by_name("draft_source").choices), default=None,
               help="Who proposes tokens in the speculative cells: the draft model, prompt lookup (n-gram), or "
                    "n-gram when it finds a match else the model. Default: the deployment's draft_source.")
@@ -156,7 +156,7 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
                    "its concurrency: 'vs best fixed k'. E.g. --draft-tokens 6 --draft-length-policy adaptive "
                    "--fixed-k 0,1,2,3,4,6.")
 @click.option("--k0-on-ensemble", is_flag=True,
-              help="Also run the speculative endpoint with num_draft_tokens=0 (drafting off): its speedup over "
+              help=f"Also run the speculative endpoint with {NUM_DRAFT_TOKENS}=0 (drafting off): its speedup over "
                    "the baseline (~1) is the speculative loop's own overhead.")
 @click.option("--requests", "requests_per_cell", type=click.IntRange(min=1), default=16, show_default=True,
               help="Measured requests per cell (prompts are reused in order when there are fewer).")

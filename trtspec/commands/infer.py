@@ -9,7 +9,7 @@ from rich.table import Table
 
 from trtspec.client import Client, ClientError
 from trtspec.commands._common import UserError, console, friendly_errors
-from trtspec.contract import field_by_name
+from trtspec.contract import NUM_DRAFT_TOKENS, field_by_name
 from trtspec.contract.models import BASELINE, ENSEMBLE
 from trtspec.spec.metrics import SpecStats
 
@@ -24,7 +24,7 @@ from trtspec.spec.metrics import SpecStats
 @click.option("--stream/--no-stream", default=False, show_default=True, help="Print tokens as they are accepted.")
 @click.option("--max-tokens", "-n", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--draft-tokens", "-k", type=click.IntRange(0), default=None,
-              help="num_draft_tokens (default: the deployment's).")
+              help=f"{NUM_DRAFT_TOKENS} (default: the deployment's).")
 @click.option("--draft-source", type=click.Choice(field_by_name("draft_source").choices), default=None,
               help="Who proposes tokens: the draft model, prompt lookup (ngram), or lookup first (hybrid).")
 @click.option("--draft-length-policy", type=click.Choice(field_by_name("draft_length_policy").choices), default=None,
@@ -57,13 +57,13 @@ def command(prompt, url, protocol, baseline, model, stream, max_tokens, draft_to
         if protocol != "http" or url != "localhost:8000" or model:
             raise UserError("--chat goes through the OpenAI API: give its address with --openai-url "
                             "(--url, --protocol and --model are Triton's)")
-        return _chat(openai_url, prompt, baseline, stream, max_tokens, dict(
-            num_draft_tokens=draft_tokens, draft_source=draft_source, draft_length_policy=draft_length_policy,
+        return _chat(openai_url, prompt, baseline, stream, max_tokens, {NUM_DRAFT_TOKENS: draft_tokens} | dict(
+            draft_source=draft_source, draft_length_policy=draft_length_policy,
             use_draft_logits=draft_logits, top_k=top_k, return_token_ids=True,
         ), dict(temperature=temperature, top_p=top_p, seed=seed, stop=list(stop_words) or None))
     client = Client(url, protocol, model or (BASELINE if baseline else ENSEMBLE))
-    params = dict(
-        num_draft_tokens=draft_tokens, draft_source=draft_source, draft_length_policy=draft_length_policy,
+    params = {NUM_DRAFT_TOKENS: draft_tokens} | dict(
+        draft_source=draft_source, draft_length_policy=draft_length_policy,
         use_draft_logits=draft_logits,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop_words=list(stop_words) or None,
     )
