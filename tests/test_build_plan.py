@@ -408,11 +408,11 @@ def test_every_flag_exists_in_the_real_parsers_with_a_valid_value(tmp_path: Path
                 assert ns.use_paged_context_fmha == "enable" and ns.context_fmha == "enable"
                 assert ns.kv_cache_type == "paged" and ns.remove_input_padding == "enable"
                 assert ns.max_num_tokens >= ns.max_input_len
-                assert ns.max_num_tokens >= ns.max_batch_size * (plan.cfg.speculative.max_draft_len + 1)
+                assert ns.max_num_tokens >= ns.max_batch_size * (plan.cfg.speculative.max_k + 1)
                 assert not ns.gather_context_logits  # refused by trtllm-build together with max_draft_len > 0
                 if step.role == "target":
                     assert ns.speculative_decoding_mode == "draft_tokens_external"
-                    assert ns.max_draft_len == plan.cfg.speculative.max_draft_len
+                    assert ns.max_draft_len == plan.cfg.speculative.max_k
                 else:
                     assert ns.speculative_decoding_mode is None and ns.max_draft_len is None
             if tool == "quantize.py":

@@ -17,7 +17,7 @@ REGENERATE = "python -m trtspec.config_reference > docs/configuration.md"
 def _paths(model: type[BaseModel], prefix: str = "") -> list[str]:
     out = []
     for name, field in model.model_fields.items():
-        key = f"{prefix}{name}"
+        key = f"{prefix}{field.alias or name}"  # the YAML key
         out.append(key)
         sub = next((a for a in (field.annotation, *typing.get_args(field.annotation)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
         if sub is not None:

@@ -133,7 +133,7 @@ def test_num_draft_tokens_above_max_draft_len(tmp_path, tools, models) -> None:
         parse_config(data)
     # A config built in code (no validation) is still caught by preflight.
     cfg = parse_config(example_config(H100_CFG, {"target": models["8b"], "draft": models["1b"]}))
-    cfg = cfg.model_copy(update={"speculative": cfg.speculative.model_copy(update={"num_draft_tokens": 12})})
+    cfg = cfg.model_copy(update={"speculative": cfg.speculative.model_copy(update={"default_k": 12})})
     pf = make_plan(cfg, tmp_path / "out", gpu_machine("h100x1"), tools=tools).preflight
     f = only(pf, "draft-len")
     assert f.level == "error" and "num_draft_tokens (12) > speculative.max_draft_len (8)" in f.message

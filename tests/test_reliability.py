@@ -105,7 +105,7 @@ def _one_call(model: str, stream: bool = True) -> int:
     not streamed asks for runs of up to PLAIN_RUN_MAX tokens where it does not draft."""
     from trtspec.spec.speculative import PLAIN_RUN_MAX
 
-    drafted = demo_config().speculative.num_draft_tokens + 1 if model == "ensemble" else 1
+    drafted = demo_config().speculative.default_k + 1 if model == "ensemble" else 1
     return drafted if stream else max(drafted, PLAIN_RUN_MAX)
 
 

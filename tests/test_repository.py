@@ -95,7 +95,7 @@ def test_tensorrt_llm_flavour_parameters(repos, tmp_path):
     assert d["gpt_model_path"].endswith("engines/draft") and d["gpu_device_ids"] == "1"
     assert d["kv_cache_free_gpu_mem_fraction"] == "0.2"
     loop = _loop_settings(trt["speculative"])
-    assert loop.speculative.max_draft_len == 6 and loop.speculative.num_draft_tokens == 2
+    assert loop.speculative.max_k == 6 and loop.speculative.default_k == 2
     assert loop.draft_model == "tensorrt_llm_draft" and not loop.draft_disabled
     assert _loop_settings(trt["baseline_loop"]).draft_disabled
     # the text endpoints run the same loop in-process, with the target's tokenizer

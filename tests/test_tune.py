@@ -49,7 +49,7 @@ def test_best_k_per_band_takes_the_fastest_fixed_k_or_the_baseline():
                    _cell(8, 0), _cell(8, 1, 0.97), _cell(8, 3, 0.7),
                    _cell(16, 0), _cell(16, 0, 0.99, policy="ensemble"))  # no k > 0 at 16: no band
     bands = best_k_per_band([res])
-    assert [(b.concurrency, b.num_draft_tokens) for b in bands] == [(1, 3), (4, 1), (8, 0)]
+    assert [(b.concurrency, b.k) for b in bands] == [(1, 3), (4, 1), (8, 0)]
     assert bands[0].speedups == {0: 1.0, 1: 1.10, 3: 1.25, 6: 1.2} and bands[2].speedup == 1.0
 
 
@@ -57,12 +57,12 @@ def test_best_k_per_band_over_one_run_per_k():
     """llmapi: each k in a run of its own, each judged against its own run's baseline."""
     runs = [_results(_cell(1, 0), _cell(1, 2, 1.3), _cell(2, 0), _cell(2, 2, 0.95)),
             _results(_cell(1, 0), _cell(1, 4, 1.2), _cell(2, 0), _cell(2, 4, 1.01))]
-    assert [(b.concurrency, b.num_draft_tokens) for b in best_k_per_band(runs)] == [(1, 2), (2, 4)]
+    assert [(b.concurrency, b.k) for b in best_k_per_band(runs)] == [(1, 2), (2, 4)]
 
 
 def test_a_tie_goes_to_the_smaller_k():
     bands = best_k_per_band([_results(_cell(1, 0), _cell(1, 2, 1.0), _cell(2, 0), _cell(2, 1, 1.2), _cell(2, 3, 1.2))])
-    assert [b.num_draft_tokens for b in bands] == [0, 1]
+    assert [b.k for b in bands] == [0, 1]
 
 
 def _bands(pairs):
@@ -286,7 +286,7 @@ def test_tune_llmapi_on_the_cpu_standin_writes_a_schedule_the_next_build_accepts
     if first == 0:
         assert tuned.llmapi.max_concurrency == 0 and tuned.llmapi.draft_len_schedule is None and schedule == {}
     else:
-        assert tuned.speculative.max_draft_len == 1
+        assert tuned.speculative.max_k == 1
         assert {str(b): k for b, k in tuned.llmapi.draft_len_schedule.items()} == schedule
     assert (cfg.read_text() == (ROOT / "build_configs" / "demo-llmapi.yaml").read_text())  # the input is kept
 

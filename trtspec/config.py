@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 
-from trtspec.contract.fields import DRAFT_LENGTH_POLICIES
+from trtspec.contract.fields import DRAFT_LENGTH_POLICIES, NUM_DRAFT_TOKENS
 from trtspec.spec.drafters import SELECTIONS
 from trtspec.spec.methods import NAMES as METHOD_NAMES, default_method, problems as method_problems
 from trtspec.medusa import choices_problems
@@ -141,7 +141,15 @@ class AdaptivePolicy(_Strict):
         "estimate (0.99: about the last 100 drafts of a source)")
 
 
+# speculative's key for SpeculativeConfig.max_k (TensorRT-LLM's name for the bound)
+MAX_DRAFT_LEN = "max_draft_len"
+
+
 class SpeculativeConfig(_Strict):
+    # Code names the draft-length fields for what they are (max_k, default_k); the YAML keeps TensorRT-LLM's and
+    # the request field's names, and dumps write them.
+    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
+
     method: Literal[METHOD_NAMES] | None = Field(  # type: ignore[valid-type]
         default=None,
         description="how the deployment drafts (trtspec/spec/methods.py): draft_model, eagle3 (draft.checkpoint is an "
@@ -154,8 +162,8 @@ class SpeculativeConfig(_Strict):
         "medusa_choices, e.g. [[0], [0, 0], [1]]); it must have at most max_draft_len nodes and be no deeper than "
         "the head set; unset: [[0], [0, 0], [1], [0, 0, 0], [0, 1]] (cut to the head set's depth)",
     )
-    max_draft_len: Annotated[int, Field(ge=1, le=64, description="most draft tokens per iteration (the target engine's --max_draft_len)")] = 8
-    num_draft_tokens: Annotated[int, Field(ge=0, le=64, description="a request's draft length k when it asks for none (fixed: every iteration; adaptive: the most the controller picks); default: 4, or max_draft_len if smaller")] = 4
+    max_k: Annotated[int, Field(ge=1, le=64, alias=MAX_DRAFT_LEN, description="most draft tokens per iteration (the target engine's --max_draft_len)")] = 8
+    default_k: Annotated[int, Field(ge=0, le=64, alias=NUM_DRAFT_TOKENS, description="a request's draft length k when it asks for none (fixed: every iteration; adaptive: the most the controller picks); default: 4, or max_draft_len if smaller")] = 4
     use_draft_logits: bool = Field(default=False, description="with sampling: rejection sampling against the draft's distribution (false: token comparison)")
     draft_length_policy: Literal[DRAFT_LENGTH_POLICIES] = Field(  # type: ignore[valid-type]
         default="adaptive",
@@ -191,11 +199,11 @@ class SpeculativeConfig(_Strict):
 
     @model_validator(mode="after")
     def _k_within_max(self) -> "SpeculativeConfig":
-        if self.num_draft_tokens > self.max_draft_len and "num_draft_tokens" not in self.model_fields_set:
-            object.__setattr__(self, "num_draft_tokens", self.max_draft_len)  # the default follows a smaller max
-        if self.num_draft_tokens > self.max_draft_len:
+        if self.default_k > self.max_k and "default_k" not in self.model_fields_set:
+            object.__setattr__(self, "default_k", self.max_k)  # the default follows a smaller max
+        if self.default_k > self.max_k:
             raise ValueError(
-                f"num_draft_tokens ({self.num_draft_tokens}) is larger than max_draft_len ({self.max_draft_len}); "
+                f"num_draft_tokens ({self.default_k}) is larger than max_draft_len ({self.max_k}); "
                 "the target engine is built for at most max_draft_len draft tokens (TensorRT-LLM asserts "
                 "'Number of draft tokens is larger than maximum number of draft tokens')"
             )
@@ -204,8 +212,8 @@ class SpeculativeConfig(_Strict):
             bad = choices_problems(self.medusa_choices)
             if not self.medusa_choices:
                 bad.append("medusa_choices is empty")
-            if len(self.medusa_choices) > self.max_draft_len:
-                bad.append(f"medusa_choices has {len(self.medusa_choices)} nodes but max_draft_len is {self.max_draft_len} "
+            if len(self.medusa_choices) > self.max_k:
+                bad.append(f"medusa_choices has {len(self.medusa_choices)} nodes but max_draft_len is {self.max_k} "
                            "(TensorRT-LLM's engine verifies at most max_draft_len draft tokens a step: raise it)")
             if self.method not in (None, "medusa"):
                 bad.append(f"medusa_choices applies to method medusa only (this config has method {self.method})")
@@ -213,13 +221,20 @@ class SpeculativeConfig(_Strict):
                 raise ValueError("; ".join(bad))
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min ({self.ngram_min}) must be <= ngram_max ({self.ngram_max})")
-        over = {n: k for n, k in (self.draft_len_schedule or {}).items() if k > self.max_draft_len}
+        over = {n: k for n, k in (self.draft_len_schedule or {}).items() if k > self.max_k}
         if over:
             raise ValueError(
-                f"draft_len_schedule: draft lengths {over} exceed max_draft_len ({self.max_draft_len}); "
+                f"draft_len_schedule: draft lengths {over} exceed max_draft_len ({self.max_k}); "
                 "lower them or raise max_draft_len"
             )
         return self
+
+    def too_long(self, option: str, ks: list[int]) -> str | None:
+        """What is wrong with the draft lengths an option asks for (any over max_k), or None."""
+        over = [k for k in ks if k > self.max_k]
+        if not over:
+            return None
+        return f"{option} {', '.join(map(str, over))}: larger than this config's speculative.{MAX_DRAFT_LEN} ({self.max_k})"
 
 
 class LlmapiConfig(_Strict):
@@ -269,7 +284,7 @@ class LlmapiConfig(_Strict):
 # (draft_len_schedule), samples drafts itself and has no combined n-gram + model source.
 _LLMAPI_STOPS_DRAFTING = "with llmapi TensorRT-LLM stops drafting itself: use llmapi.max_concurrency"
 LLMAPI_REFUSED = {
-    "num_draft_tokens": "TensorRT-LLM's LLM API has no per-request draft length; use max_draft_len and llmapi.draft_len_schedule",
+    NUM_DRAFT_TOKENS: "TensorRT-LLM's LLM API has no per-request draft length; use max_draft_len and llmapi.draft_len_schedule",
     "use_draft_logits": "TensorRT-LLM's two-model path decides rejection sampling itself; leave use_draft_logits out",
     "draft_length_policy": "trtspec's adaptive policy runs in trtspec's loop (engine: tensorrt_llm / reference); "
     "with llmapi use llmapi.draft_len_schedule, max_concurrency or acceptance_window",
@@ -369,7 +384,8 @@ class BuildConfig(_Strict):
 
     def _check_llmapi(self) -> None:
         spec = self.speculative
-        refused = [f"speculative.{k}: {why}" for k, why in LLMAPI_REFUSED.items() if k in spec.model_fields_set]
+        given = {yaml_key(SpeculativeConfig, name) for name in spec.model_fields_set}
+        refused = [f"speculative.{k}: {why}" for k, why in LLMAPI_REFUSED.items() if k in given]
         if spec.draft_source == "hybrid":
             refused.append(
                 "speculative.draft_source: hybrid is trtspec's loop; TensorRT-LLM speculates with one drafter "
@@ -398,14 +414,14 @@ class BuildConfig(_Strict):
         which = "speculative" if spec.draft_len_schedule is not None else "llmapi"
         sched = spec.draft_len_schedule or lim.draft_len_schedule
         if sched is not None:
-            if sched.get(1) != spec.max_draft_len:
+            if sched.get(1) != spec.max_k:
                 raise ValueError(
-                    f"{which}.draft_len_schedule must map batch size 1 to max_draft_len ({spec.max_draft_len}); "
+                    f"{which}.draft_len_schedule must map batch size 1 to max_draft_len ({spec.max_k}); "
                     f"got {sched.get(1)!r} (TensorRT-LLM enforces schedule[1] == max_draft_len)"
                 )
-            over = {b: k for b, k in sched.items() if k > spec.max_draft_len}
+            over = {b: k for b, k in sched.items() if k > spec.max_k}
             if over:
-                raise ValueError(f"{which}.draft_len_schedule: draft lengths {over} exceed max_draft_len ({spec.max_draft_len})")
+                raise ValueError(f"{which}.draft_len_schedule: draft lengths {over} exceed max_draft_len ({spec.max_k})")
 
     @property
     def source_dir(self) -> Path | None:
@@ -430,17 +446,22 @@ def _describe_error(err: dict[str, Any], raw: Any) -> str:
     return f"{loc}: got {value!r}: {msg}"
 
 
+def yaml_key(model: type[BaseModel], name: str) -> str:
+    """A field's key in the YAML: its alias where code names it otherwise."""
+    return model.model_fields[name].alias or name
+
+
 def _allowed_keys(loc: tuple) -> list[str]:
     model: Any = BuildConfig
     for part in loc:
-        field = model.model_fields.get(part) if isinstance(part, str) else None
-        if field is None:
+        name = next((n for n in model.model_fields if yaml_key(model, n) == part), None)
+        if name is None:
             return []
-        ann = field.annotation
+        ann = model.model_fields[name].annotation
         model = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
         if model is None:
             return []
-    return sorted(model.model_fields)
+    return sorted(yaml_key(model, n) for n in model.model_fields)
 
 
 def parse_config(data: Any, source_dir: Path | None = None, check_paths: bool = True) -> BuildConfig:
@@ -494,7 +515,7 @@ def plan_max_num_tokens(cfg: BuildConfig) -> int:
     """>= max_input_len (a whole prompt fits one step without chunked context) and >= max_batch_size*(K+1)
     (every sequence can verify K draft tokens + 1 in one step; TensorRT-LLM raises it to that anyway)."""
     L = cfg.limits
-    return max(L.max_input_len, L.max_batch_size * (cfg.speculative.max_draft_len + 1))
+    return max(L.max_input_len, L.max_batch_size * (cfg.speculative.max_k + 1))
 
 
 def checkpoint_path(cfg: BuildConfig, role: Literal["target", "draft"]) -> Path:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ByteSize
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from trtspec.config import BuildConfig
+from trtspec.config import BuildConfig, yaml_key
 
 HEADER = """# Build configuration reference
 
@@ -117,6 +117,7 @@ def _section(path: str, model: type[BaseModel], out: list[str]) -> None:
     out += ["| key | type | default | meaning |", "|---|---|---|---|"]
     nested: list[tuple[str, type[BaseModel]]] = []
     for name, field in model.model_fields.items():
+        name = yaml_key(model, name)
         annotation = field.annotation
         if field.metadata:
             annotation = typing.Annotated[(annotation, *field.metadata)]

@@ -301,9 +301,8 @@ class GuidedRequest:
             raise RequestError("guided_decoding_guide_type: this deployment does not serve guided decoding (its "
                                "TensorRT-LLM release's backend declares no guide inputs, or xgrammar is not installed)")
         # the target-only endpoint, or a request that asks for no drafting, drafts nothing, not even what is forced
-        spec = loop_settings.speculative
-        k = spec.num_draft_tokens if getattr(req, "num_draft_tokens", None) is None else req.num_draft_tokens
-        forced = 0 if loop_settings.draft_disabled or not k else spec.max_draft_len
+        k = loop_settings.requested_k(req)
+        forced = 0 if loop_settings.draft_disabled or not k else loop_settings.speculative.max_k
         return cls(guide, settings, len(req.prompt), forced)
 
     @property

@@ -112,11 +112,11 @@ def _config_with_draft(cfg_path: Path, draft: str | None) -> Any:
 
 def _prepare_checkpoints(args: LoopBenchArgs, log: Any) -> tuple[Any, Path, Path]:
     """The build config with the draft asked for, and the target's and draft's checkpoint folders."""
-    from trtspec.config import checkpoint_path
+    from trtspec.config import MAX_DRAFT_LEN, checkpoint_path
 
     cfg = _config_with_draft(args.config, args.draft)
-    if args.k > cfg.speculative.max_draft_len:
-        raise BenchError(f"--k {args.k} exceeds the config's max_draft_len {cfg.speculative.max_draft_len}")
+    if args.k > cfg.speculative.max_k:
+        raise BenchError(f"--k {args.k} exceeds the config's {MAX_DRAFT_LEN} {cfg.speculative.max_k}")
     log("preparing checkpoints")
     try:
         target_dir, draft_dir = checkpoint_path(cfg, "target"), checkpoint_path(cfg, "draft")

@@ -63,7 +63,7 @@ def simulate(
     call adds k head steps to the target's step. Each request's max_tokens is drawn from 0.5-1.5x `max_tokens`, so
     that requests do not all end (and new ones arrive) in the same step; `max_num_tokens`: the most tokens a target
     step holds (prompts are prefilled in chunks of what is left)."""
-    spec = spec or SpeculativeConfig(max_draft_len=max(policy.k, 1), num_draft_tokens=policy.k,
+    spec = spec or SpeculativeConfig(max_k=max(policy.k, 1), default_k=policy.k,
                                      draft_length_policy="adaptive" if policy.adaptive else "fixed")
     rng = np.random.default_rng(seed)
     estimates = Estimates()
@@ -71,7 +71,7 @@ def simulate(
     started, finished = 0, 0
     active: list[SyntheticRequest] = []
     sources = ("model",) if policy.k else ()
-    pol = RequestPolicy(max_tokens=max_tokens, num_draft_tokens=policy.k, adaptive=policy.adaptive,
+    pol = RequestPolicy(max_tokens=max_tokens, k=policy.k, adaptive=policy.adaptive,
                         selection="model", stream=stream)
 
     def admit() -> None:

@@ -3,7 +3,7 @@ draft-length schedule.
 
 The sweep is `trtspec bench` with fixed-k cells (the baseline is k=0). Where the deployment takes a draft length
 per request (engine: reference, tensorrt_llm) one deployment serves every k; with engine: llmapi TensorRT-LLM
-decides k from its own config, so each k > 0 gets a deployment of its own (max_draft_len = k, the target-only
+decides k from its own config, so each k > 0 gets a deployment of its own (its most draft tokens = k, the target-only
 `baseline` endpoint beside it). Each k is judged by its speedup over the baseline measured in the same run.
 
 Bands: the measured concurrency levels, ascending; the lowest one's k applies from 1 request in flight, each
@@ -24,7 +24,8 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from trtspec.bench.report import is_fixed_candidate
-from trtspec.config import SpeculativeConfig
+from trtspec.config import MAX_DRAFT_LEN, SpeculativeConfig
+from trtspec.contract import NUM_DRAFT_TOKENS
 
 
 class TuneError(Exception):
@@ -34,7 +35,7 @@ class TuneError(Exception):
 @dataclass(frozen=True)
 class BandChoice:
     concurrency: int
-    num_draft_tokens: int
+    k: int
     speedup: float  # over the baseline at that concurrency (1.0 for k=0)
     speedups: dict[int, float]  # every k measured there -> its speedup
 
@@ -49,7 +50,7 @@ def best_k_per_band(results: Iterable[Mapping[str, Any]]) -> list[BandChoice]:
                 continue
             s = 1.0 if not c["speculative"] else (c.get("speedup") or {}).get("output_tokens_per_s")
             if s is not None:
-                speedups.setdefault(c["concurrency"], {})[c["num_draft_tokens"]] = s
+                speedups.setdefault(c["concurrency"], {})[c[NUM_DRAFT_TOKENS]] = s
     out = []
     for conc in sorted(speedups):
         ks = speedups[conc]
@@ -67,9 +68,9 @@ def schedule_from_bands(bands: list[BandChoice]) -> dict[int, int]:
     out: dict[int, int] = {}
     previous = None
     for i, b in enumerate(sorted(bands, key=lambda b: b.concurrency)):
-        if b.num_draft_tokens != previous:
-            out[1 if i == 0 else b.concurrency] = b.num_draft_tokens
-            previous = b.num_draft_tokens
+        if b.k != previous:
+            out[1 if i == 0 else b.concurrency] = b.k
+            previous = b.k
     return out
 
 
@@ -84,10 +85,10 @@ class Tuned:
 def apply_schedule(doc: Mapping[str, Any], schedule: Mapping[int, int]) -> Tuned:
     """The config mapping with the schedule written where its flavour reads it (a new mapping; `doc` is kept).
 
-    reference / tensorrt_llm: speculative.draft_len_schedule caps each request's k, so num_draft_tokens becomes
+    reference / tensorrt_llm: speculative.draft_len_schedule caps each request's k, so the default k becomes
     the schedule's largest k (a cap cannot raise k) and max_concurrency goes (the schedule's k=0 bands decide).
-    llmapi: llmapi.draft_len_schedule, where TensorRT-LLM requires schedule[1] == max_draft_len: max_draft_len
-    becomes the k of the first band (larger k of later bands are lowered to it); when that k is 0 no schedule
+    llmapi: llmapi.draft_len_schedule, where TensorRT-LLM requires schedule[1] == the most draft tokens (max_k),
+    which becomes the k of the first band (larger k of later bands are lowered to it); when that k is 0 no schedule
     can say it, and llmapi.max_concurrency 0 turns speculation off instead.
     """
     new = copy.deepcopy(dict(doc))
@@ -98,10 +99,10 @@ def apply_schedule(doc: Mapping[str, Any], schedule: Mapping[int, int]) -> Tuned
     if new.get("engine") != "llmapi":
         spec["draft_len_schedule"] = schedule
         top = max(schedule.values())
-        before = spec.get("num_draft_tokens", _default("num_draft_tokens"))
+        before = spec.get(NUM_DRAFT_TOKENS, _default("default_k"))
         if before != top:
-            notes.append(f"speculative.num_draft_tokens: {before} -> {top} (the schedule only caps a request's k)")
-        spec["num_draft_tokens"] = top
+            notes.append(f"speculative.{NUM_DRAFT_TOKENS}: {before} -> {top} (the schedule only caps a request's k)")
+        spec[NUM_DRAFT_TOKENS] = top
         if spec.pop("max_concurrency", None) is not None:
             notes.append("speculative.max_concurrency removed: the schedule's bands decide where drafting stops")
         if spec.get("draft_length_policy", _default("draft_length_policy")) == "adaptive":
@@ -115,7 +116,7 @@ def apply_schedule(doc: Mapping[str, Any], schedule: Mapping[int, int]) -> Tuned
         lim.pop("draft_len_schedule", None)
         lim["max_concurrency"] = 0
         notes.append("k=0 was best from 1 request in flight: llmapi.max_concurrency 0 (speculation off); "
-                     "TensorRT-LLM's schedule must map batch size 1 to max_draft_len >= 1")
+                     f"TensorRT-LLM's schedule must map batch size 1 to {MAX_DRAFT_LEN} >= 1")
         if any(schedule.values()):
             notes.append(f"bands where k > 0 paid ({ {b: k for b, k in schedule.items() if k} }) cannot be "
                          "expressed without drafting at batch size 1")
@@ -123,22 +124,22 @@ def apply_schedule(doc: Mapping[str, Any], schedule: Mapping[int, int]) -> Tuned
     clipped = {b: min(k, first) for b, k in schedule.items()}
     if clipped != schedule:
         notes.append(f"draft lengths above the first band's ({first}) lowered to it: TensorRT-LLM requires "
-                     "schedule[1] == max_draft_len")
+                     f"schedule[1] == {MAX_DRAFT_LEN}")
     floored = _floor_one_engine(new, clipped, first)
     if floored.schedule != clipped:
         clipped = floored.schedule
         notes += floored.notes
-    old_max = spec.get("max_draft_len", _default("max_draft_len"))
+    old_max = spec.get(MAX_DRAFT_LEN, _default("max_k"))
     if old_max != first:
-        notes.append(f"speculative.max_draft_len: {old_max} -> {first} (schedule[1] == max_draft_len)")
-    spec["max_draft_len"] = first
+        notes.append(f"speculative.{MAX_DRAFT_LEN}: {old_max} -> {first} (schedule[1] == {MAX_DRAFT_LEN})")
+    spec[MAX_DRAFT_LEN] = first
     lim["draft_len_schedule"] = clipped
     if lim.pop("max_concurrency", None) is not None:
         notes.append("llmapi.max_concurrency removed: the schedule's bands decide where drafting stops")
     return Tuned(new, clipped, "llmapi", notes)
 
 
-def _floor_one_engine(doc: Mapping[str, Any], schedule: dict[int, int], max_draft_len: int):
+def _floor_one_engine(doc: Mapping[str, Any], schedule: dict[int, int], max_k: int):
     """The schedule as trtspec will write it for the config's method on its pinned TensorRT-LLM release: a one-engine
     drafter's bands of 0 become 1 where the release has no floor for them (trtspec.llmapi.draft_floor)."""
     from trtspec.llmapi.draft_floor import resolve
@@ -147,7 +148,7 @@ def _floor_one_engine(doc: Mapping[str, Any], schedule: dict[int, int], max_draf
     version = doc.get("tensorrt_llm_version")  # None: the pinned release
     method = (doc.get("speculative") or {}).get("method") or ("draft_model" if doc.get("draft") else "ngram")
     two_model = bool((doc.get("llmapi") or {}).get("eagle3_two_model"))
-    return resolve(method, version_fields(version), max_draft_len, schedule, None, two_model,
+    return resolve(method, version_fields(version), max_k, schedule, None, two_model,
                    version or f"{pinned_version()} (pinned)")
 
 
@@ -157,7 +158,7 @@ def _default(name: str) -> Any:
 
 def sweep_variant(doc: Mapping[str, Any], k: int | None = None) -> dict[str, Any]:
     """The config to measure with: the load caps off (they would cap the k being measured); for llmapi, k as
-    max_draft_len and the target-only baseline endpoint on."""
+    the most draft tokens and the target-only baseline endpoint on."""
     new = copy.deepcopy(dict(doc))
     spec = dict(new.get("speculative") or {})
     for key in ("max_concurrency", "draft_len_schedule"):
@@ -169,7 +170,7 @@ def sweep_variant(doc: Mapping[str, Any], k: int | None = None) -> dict[str, Any
         lim["baseline_endpoint"] = True
         new["llmapi"] = lim
         if k is not None:
-            spec["max_draft_len"] = k
+            spec[MAX_DRAFT_LEN] = k
     new["speculative"] = spec
     return new
 
@@ -205,7 +206,7 @@ def header(config: Path, bands: list[BandChoice], notes: list[str]) -> str:
              "# (output tokens/s over the target-only baseline, per k measured):"]
     for b in bands:
         measured = ", ".join(f"k={k} {s:.2f}x" for k, s in b.speedups.items())
-        lines.append(f"#   c={b.concurrency}: k={b.num_draft_tokens}  ({measured})")
+        lines.append(f"#   c={b.concurrency}: k={b.k}  ({measured})")
     lines += [f"# {n}" for n in notes]
     return "\n".join(lines) + "\n"
 

@@ -331,10 +331,9 @@ def _bench_own_server(config_path: Path, settings: Any, prompts: Sequence[Any], 
         raise UserError(escape(str(e))) from None
     check_local(cfg)  # before anything is written
     for option, ks in (("--draft-tokens", settings.draft_tokens), ("--fixed-k", settings.fixed_k)):
-        too_long = [k for k in ks if k > cfg.speculative.max_draft_len]
+        too_long = cfg.speculative.too_long(option, ks)
         if too_long:
-            raise UserError(f"{option} {', '.join(map(str, too_long))}: larger than this config's "
-                            f"speculative.max_draft_len ({cfg.speculative.max_draft_len})")
+            raise UserError(too_long)
     output.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     status = console.status("Preparing the deployment...", spinner="dots")

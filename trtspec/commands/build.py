@@ -14,7 +14,7 @@ from trtspec.pipeline.memory import describe_estimates
 from trtspec.pipeline.runner import BuildError, Runner
 from trtspec.checkpoint import CheckpointError, format_params
 from trtspec.commands._common import UserError, console, friendly_errors
-from trtspec.config import ConfigError, EngineKind, load_config
+from trtspec.config import MAX_DRAFT_LEN, ConfigError, EngineKind, load_config
 from trtspec.demo_pair import DemoPairError
 from trtspec.machine import GpuSpecError, machine_inventory, synthetic_machine
 
@@ -210,10 +210,10 @@ def print_plan(plan: Plan, *, verbose: bool = True) -> None:
         for line in describe_estimates(pf):
             say(f"  memory: {escape(line)}")
     if cfg.draft is not None:
-        L, K = cfg.limits, cfg.speculative.max_draft_len
+        L, K = cfg.limits, cfg.speculative.max_k
         say(
             f"  note: speculative requests need prompt + max_tokens <= max_input_len ({L.max_input_len}): the loop "
-            f"resends the running sequence each step; K = max_draft_len = {K}"
+            f"resends the running sequence each step; K = {MAX_DRAFT_LEN} = {K}"
         )
     for note in pf.notes:
         say(f"  note: {escape(note)}")

@@ -12,6 +12,7 @@ from rich.markup import escape
 
 import trtspec
 from trtspec.commands._common import UserError, console, err_console
+from trtspec.contract import NUM_DRAFT_TOKENS
 from trtspec.contract.models import BASELINE, ENSEMBLE
 
 _HELP = """Run trtspec end to end on the shipped demo pair (CPU is fine).
@@ -111,8 +112,8 @@ def _example(server: Any, cfg: Any, max_tokens: int) -> None:
     from trtspec.client import Client, ClientError
     from trtspec.spec.metrics import SpecStats
 
-    k = cfg.speculative.num_draft_tokens
-    console.print(f"[dim]prompt:[/] {EXAMPLE_PROMPT}  [dim](ensemble endpoint, num_draft_tokens={k}, "
+    k = cfg.speculative.default_k
+    console.print(f"[dim]prompt:[/] {EXAMPLE_PROMPT}  [dim](ensemble endpoint, {NUM_DRAFT_TOKENS}={k}, "
                   f"max_tokens={max_tokens})[/]")
     client = Client(server.endpoints.http_address, "http", model=ENSEMBLE)
     start = time.perf_counter()
@@ -121,7 +122,7 @@ def _example(server: Any, cfg: Any, max_tokens: int) -> None:
     first = None
     styles = ("bold white", "bold yellow")
     try:
-        for chunk in client.stream(chat(EXAMPLE_PROMPT), max_tokens, num_draft_tokens=k):
+        for chunk in client.stream(chat(EXAMPLE_PROMPT), max_tokens, **{NUM_DRAFT_TOKENS: k}):
             if chunk.token_ids:
                 first = first or chunk.time
                 console.print(escape(chunk.text), end="", style=styles[calls % 2], soft_wrap=True, highlight=False)
@@ -155,8 +156,8 @@ def _bench(part: Part, ep: Any, pids: list[int], cfg: Any, output: Path) -> dict
         protocol="http",
         max_tokens=part.max_tokens,
         concurrency=part.concurrency,
-        draft_tokens=[k for k in part.draft_tokens if k <= cfg.speculative.max_draft_len],
-        fixed_k=[k for k in part.fixed_k if k <= cfg.speculative.max_draft_len],
+        draft_tokens=[k for k in part.draft_tokens if k <= cfg.speculative.max_k],
+        fixed_k=[k for k in part.fixed_k if k <= cfg.speculative.max_k],
         requests_per_cell=part.requests,
         warmup=1,
         draft_source=part.draft_source,
@@ -197,7 +198,7 @@ def summary_facts(results: dict[str, dict]) -> list[str]:
             text = f"c={c['concurrency']}: [bold]{ratio:.2f}x[/] target-only"
             b, vs = best.get(c["concurrency"]), (c.get("vs_best_fixed") or {}).get("output_tokens_per_s")
             if b is not None and vs is not None:
-                k = "k=0, target-only" if b["num_draft_tokens"] == 0 else f"k={b['num_draft_tokens']}"
+                k = "k=0, target-only" if b[NUM_DRAFT_TOKENS] == 0 else f"k={b[NUM_DRAFT_TOKENS]}"
                 text += f", [bold]{vs:.2f}x[/] the best fixed k ({k})"
             parts.append(text + _paused(c))
         if not parts:

@@ -68,7 +68,7 @@ Examples:
               help="overlapped: the loop's own time per engine call (a Triton round trip and its Python).")
 @click.option("--fixed-k", default="1,2,3,4,5,6,7,8", show_default=True, help="Fixed draft lengths run beside it.")
 @click.option("--max-draft", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="The controller's cap (num_draft_tokens).")
+              help="The controller's cap: the most draft tokens it picks (a request's k).")
 @click.option("--requests", type=click.IntRange(1), default=48, show_default=True,
               help="Requests per cell (at least 2x the concurrency).")
 @click.option("--max-tokens", type=click.IntRange(2), default=96, show_default=True,

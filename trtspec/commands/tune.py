@@ -13,11 +13,12 @@ from rich.markup import escape
 
 from trtspec.commands._common import UserError, console, err_console
 from trtspec.commands.bench import bench_and_report, default_output_dir, int_list
-from trtspec.config import BuildConfig, ConfigError, load_config, parse_config
+from trtspec.config import MAX_DRAFT_LEN, BuildConfig, ConfigError, SpeculativeConfig, load_config, parse_config
+from trtspec.contract import NUM_DRAFT_TOKENS
 
 DEFAULT_KS = (0, 1, 2, 3, 4, 6)
 
-_HELP = """Find the best draft length k for each concurrency band by measuring it,
+_HELP = f"""Find the best draft length k for each concurrency band by measuring it,
 and write it into the build config as a draft-length schedule.
 
 \b
@@ -30,15 +31,15 @@ What it does:
      greedy, the built-in prompts or --prompts);
   3. picks per level the k with the highest output tokens/s over the
      baseline of the same run (k=0 when nothing beats it);
-  4. writes the schedule: {1: k at the lowest level, next level: its k, ...},
+  4. writes the schedule: {{1: k at the lowest level, next level: its k, ...}},
      each key a number of requests in flight from which its k applies
      upward, as speculative.draft_len_schedule (engine: reference,
      tensorrt_llm) or llmapi.draft_len_schedule (engine: llmapi, which
-     TensorRT-LLM reads; max_draft_len becomes the k of the first band).
+     TensorRT-LLM reads; {MAX_DRAFT_LEN} becomes the k of the first band).
 
 \b
 engine: llmapi decides k inside TensorRT-LLM, so each k > 0 is a deployment
-of its own (max_draft_len = k, with the baseline endpoint): slower to tune.
+of its own ({MAX_DRAFT_LEN} = k, with the baseline endpoint): slower to tune.
 engine: tensorrt_llm needs built engines: serve them with `trtspec serve`
 and pass --url.
 
@@ -67,7 +68,7 @@ Then compare the tuned schedule with the online controller:
               help="Concurrency levels: each is the lower edge of a band of the schedule (the lowest applies from 1).")
 @click.option("--draft-tokens", default=None, metavar="LIST",
               help="The k to compare at each level (0, the baseline, is always measured) "
-                   f"[default: {','.join(map(str, DEFAULT_KS))}, those within speculative.max_draft_len].")
+                   f"[default: {','.join(map(str, DEFAULT_KS))}, those within speculative.{MAX_DRAFT_LEN}].")
 @click.option("--url", default=None, metavar="HOST:PORT",
               help="Measure this running deployment of CONFIG instead of starting one (serve it without "
                    "max_concurrency / draft_len_schedule, or they cap the k measured). Not with engine: llmapi.")
@@ -107,7 +108,7 @@ def tune(config: Path, concurrency: str, draft_tokens: str | None, url: str | No
     cfg, doc = _load_config(config)
     llmapi = cfg.engine.value == "llmapi"
     _check_deployment(cfg.engine.value, url)
-    ks = _draft_lengths(draft_tokens, cfg.speculative.max_draft_len)
+    ks = _draft_lengths(draft_tokens, cfg.speculative)
     levels = int_list("--concurrency", concurrency, 1)
     try:
         dest, backup = output_paths(config, output, in_place)
@@ -136,7 +137,7 @@ def tune(config: Path, concurrency: str, draft_tokens: str | None, url: str | No
                 s.url = url
                 results.append(bench_and_report(s, prompts, out))
             else:
-                what = f"run {i + 1}/{len(runs)}: max_draft_len {k}" if k is not None else "the sweep"
+                what = f"run {i + 1}/{len(runs)}: {MAX_DRAFT_LEN} {k}" if k is not None else "the sweep"
                 results.append(_bench_variant(sweep_variant(doc, k), config, s, prompts, out, what))
         bands = best_k_per_band(results)
         schedule = schedule_from_bands(bands)
@@ -151,7 +152,7 @@ def tune(config: Path, concurrency: str, draft_tokens: str | None, url: str | No
 
     summary = {"config": str(config), "written": str(dest), "backup": str(backup) if backup else None,
                "engine": cfg.engine.value, "draft_tokens": ks, "concurrency": levels,
-               "bands": [{"concurrency": b.concurrency, "num_draft_tokens": b.num_draft_tokens, "speedup": b.speedup,
+               "bands": [{"concurrency": b.concurrency, NUM_DRAFT_TOKENS: b.k, "speedup": b.speedup,
                           "speedups": b.speedups} for b in bands],
                "schedule": {f"{tuned.section}.draft_len_schedule": tuned.schedule}, "notes": tuned.notes,
                "duration_s": time.monotonic() - started}
@@ -180,16 +181,15 @@ def _check_deployment(engine: str, url: str | None) -> None:
                         "then run `trtspec tune CONFIG --url HOST:PORT`")
 
 
-def _draft_lengths(draft_tokens: str | None, max_k: int) -> list[int]:
-    """The k to compare (0, the baseline, always among them), within the config's max_draft_len."""
+def _draft_lengths(draft_tokens: str | None, spec: SpeculativeConfig) -> list[int]:
+    """The k to compare (0, the baseline, always among them), within the config's max_k."""
     if draft_tokens is None:
-        ks = [k for k in DEFAULT_KS if k <= max_k]
+        ks = [k for k in DEFAULT_KS if k <= spec.max_k]
     else:
         ks = int_list("--draft-tokens", draft_tokens, 0)
-        over = [k for k in ks if k > max_k]
-        if over:
-            raise UserError(f"--draft-tokens {', '.join(map(str, over))}: larger than this config's "
-                            f"speculative.max_draft_len ({max_k}); raise it or leave them out")
+        too_long = spec.too_long("--draft-tokens", ks)
+        if too_long:
+            raise UserError(f"{too_long}; raise it or leave them out")
     ks = sorted(set(ks) | {0})
     if ks == [0]:
         raise UserError("--draft-tokens: give at least one k > 0 to compare with the baseline")
@@ -201,7 +201,7 @@ def _print_schedule(bands: list[Any], tuned: Any, dest: Path, backup: Path | Non
     console.print()
     for b in bands:
         measured = "  ".join(f"k={k} {v:.2f}x" for k, v in b.speedups.items())
-        console.print(f"  c={b.concurrency}: [bold]k={b.num_draft_tokens}[/]   ({measured})", soft_wrap=True)
+        console.print(f"  c={b.concurrency}: [bold]k={b.k}[/]   ({measured})", soft_wrap=True)
     key = f"{tuned.section}.draft_len_schedule"
     console.print(f"[bold green]{key}[/] {tuned.schedule or '(none)'}"
                   + (f"   [dim]{escape('; '.join(tuned.notes))}[/]" if tuned.notes else ""), soft_wrap=True)

@@ -12,6 +12,7 @@ from trtspec.config import BuildConfig, LlmapiConfig, plan_max_num_tokens
 from trtspec.checkpoint import default_capture_layers, eagle3_capture_layers, inspect_checkpoint
 from trtspec.llmapi.draft_floor import TWO_MODEL_FIELD, DraftFloorError, Floored, resolve
 from trtspec.llmapi.fields import pinned_version, version_fields
+from trtspec.llmapi.parser import MAX_DRAFT_LEN
 from trtspec.spec.methods import METHODS
 
 
@@ -45,7 +46,7 @@ def load_controls(cfg: BuildConfig, version: str | None = None) -> Floored:
     lim = cfg.llmapi or LlmapiConfig()
     f = version_fields(version)
     try:
-        return resolve(cfg.speculative.method or "draft_model", f, cfg.speculative.max_draft_len, _canonical_schedule(cfg),
+        return resolve(cfg.speculative.method or "draft_model", f, cfg.speculative.max_k, _canonical_schedule(cfg),
                        lim.max_concurrency, lim.eagle3_two_model, version or f"{pinned_version()} (pinned)")
     except DraftFloorError as e:
         raise ModelYamlError(str(e)) from None
@@ -60,7 +61,7 @@ def speculative_config(
     v = version or f"{pinned_version()} (pinned)"
     method = spec.method or "draft_model"
     kind = f["decoding_types"][method]
-    out: dict[str, Any] = {"decoding_type": kind["decoding_type"], "max_draft_len": spec.max_draft_len}
+    out: dict[str, Any] = {"decoding_type": kind["decoding_type"], MAX_DRAFT_LEN: spec.max_k}
     if METHODS[method].draft is not None:
         if draft_dir is None:
             raise ModelYamlError(f"speculative_config.{f['speculative_model_field']}: method {method} needs the draft checkpoint")
@@ -68,8 +69,8 @@ def speculative_config(
     if method == "ngram":
         out["max_matching_ngram_size"] = spec.ngram_max
     if method == "mtp":
-        # MTPDecodingConfig.from_dict overwrites max_draft_len with num_nextn_predict_layers (default 1)
-        out[kind["draft_len_field"]] = spec.max_draft_len
+        # MTPDecodingConfig.from_dict overwrites the draft length with num_nextn_predict_layers (default 1)
+        out[kind["draft_len_field"]] = spec.max_k
     if method == "eagle3" and draft_dir is not None and (Path(draft_dir) / "config.json").is_file():
         layers = eagle3_capture_layers(inspect_checkpoint(draft_dir))
         if layers is not None and "eagle3_layers_to_capture" not in kind["fields"]:

@@ -33,7 +33,7 @@ from trtspec.reference_engine.batching import BatchScheduler
 from trtspec.config import SpeculativeConfig
 from trtspec.guided import GuidedSettings
 from trtspec.llmapi.fields import version_fields
-from trtspec.llmapi.parser import decoding_config_from_dict
+from trtspec.llmapi.parser import MAX_DRAFT_LEN, decoding_config_from_dict
 from trtspec.spec.loop import LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
 from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors
 from trtspec.spec.speculative import draft_len_at_load
@@ -293,7 +293,7 @@ class LLM:
                 f"it serves {', '.join(k for k in STANDIN_SOURCES if k)} (the GPU runs TensorRT-LLM itself)"
             )
         self.source = STANDIN_SOURCES[method]
-        self.max_draft_len = int(spec.get("max_draft_len") or 0)
+        self.max_k = int(spec.get(MAX_DRAFT_LEN) or 0)
         self.max_concurrency = spec.get("max_concurrency")
         self.schedule = {int(b): int(k) for b, k in (spec.get("draft_len_schedule") or {}).items()}
         self.window = int(spec.get("acceptance_window") or 0)
@@ -318,9 +318,9 @@ class LLM:
         ngram_max = int(spec.get("max_matching_ngram_size") or 2)
         settings = LoopSettings(
             speculative=SpeculativeConfig(
-                max_draft_len=max(1, self.max_draft_len),
-                num_draft_tokens=self.max_draft_len,
-                draft_length_policy="fixed",  # TensorRT-LLM drafts max_draft_len (its schedule caps it), no controller
+                max_k=max(1, self.max_k),
+                default_k=self.max_k,
+                draft_length_policy="fixed",  # TensorRT-LLM drafts its most (its schedule caps it), no controller
                 method="eagle3" if method == "eagle3" else None,
                 draft_source=self.source or "model",
                 ngram_max=ngram_max,
@@ -353,7 +353,7 @@ class LLM:
     def draft_len_for(self, batch_size: int) -> int:
         if self.source is None or self.speculation_off:
             return 0
-        return draft_len_at_load(self.max_draft_len, batch_size, self.max_concurrency, self.schedule)[0]
+        return draft_len_at_load(self.max_k, batch_size, self.max_concurrency, self.schedule)[0]
 
     def record_acceptance(self, stats: Any) -> None:
         if not self.window or not stats.num_drafts:

@@ -110,14 +110,14 @@ def _conversion_args(model_dir: Path, out: Path, m: ModelConfig) -> list[str]:
 
 
 def medusa_convert_argv(tools: Tools, model_dir: Path, heads_dir: Path, out: Path, m: ModelConfig,
-                        num_heads: int, max_draft_len: int) -> list[str]:
+                        num_heads: int, max_k: int) -> list[str]:
     """Target + Medusa heads -> one TensorRT-LLM checkpoint (MedusaForCausalLM) with NVIDIA's
     examples/medusa/convert_checkpoint.py (its --dtype has no auto: the model's dtype is written out)."""
     return [
         tools.python, str(tools.medusa_convert_script()), *_conversion_args(model_dir, out, m),
         "--medusa_model_dir", str(heads_dir),
         "--num_medusa_heads", str(num_heads),
-        "--max_medusa_token_len", str(max_draft_len),
+        "--max_medusa_token_len", str(max_k),
     ]  # fmt: skip
 
 
@@ -155,7 +155,7 @@ def build_argv(
     explicitly because their defaults changed between releases (tokens_per_block 128 -> 32,
     use_paged_context_fmha off -> on, gpt_attention_plugin float16 -> auto)."""
     m: ModelConfig = getattr(cfg, role)
-    L, K = cfg.limits, cfg.speculative.max_draft_len
+    L, K = cfg.limits, cfg.speculative.max_k
     fp8 = m.quantization == "fp8"
     if fp8:
         gemm = "fp8" if L.max_batch_size <= FP8_GEMM_PLUGIN_MAX_BATCH else "disable"

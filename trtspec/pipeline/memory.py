@@ -55,7 +55,7 @@ def estimate_model(
     weights = layers * wbytes // (tp * pp) + embed * dbytes + (embed * dbytes) // tp
     total_weights = layers * wbytes + (embed * dbytes) * m.world_size + embed * dbytes
 
-    K = cfg.speculative.max_draft_len
+    K = cfg.speculative.max_k
     L = cfg.limits
     max_num_tokens = plan_max_num_tokens(cfg)
     inter = info.intermediate_size or 4 * info.hidden_size
@@ -190,7 +190,7 @@ def _check_kv_capacity(cfg: BuildConfig, gm: GpuMemory, r: PreflightResult) -> N
             continue
         kv = f * max(0, gm.usable - est.own)
         worst += kv
-        seq_bytes = est.kv_per_token * (L.max_seq_len + cfg.speculative.max_draft_len)
+        seq_bytes = est.kv_per_token * (L.max_seq_len + cfg.speculative.max_k)
         if seq_bytes and kv / seq_bytes < L.max_batch_size:
             held = int(kv // seq_bytes)
             r.add(

@@ -30,7 +30,7 @@ from trtspec.pipeline.argv import (
 )
 from trtspec.pipeline.preflight import Finding, PreflightResult, plan_placement, run_preflight
 from trtspec.checkpoint import CheckpointError, CheckpointInfo, checkpoint_fingerprint, inspect_checkpoint
-from trtspec.config import BuildConfig, EngineKind, ModelConfig, checkpoint_path
+from trtspec.config import MAX_DRAFT_LEN, BuildConfig, EngineKind, ModelConfig, checkpoint_path
 from trtspec.llmapi.model_yaml import ModelYamlError, load_controls, validate_installed
 from trtspec.llmapi.repository import model_yamls
 from trtspec.machine import Machine
@@ -255,7 +255,7 @@ def _conversion(src: _StepInputs, role: str, m: ModelConfig, out: Path) -> tuple
                 tools.quantize_script())
     if cfg.speculative.method == "medusa":
         heads = _medusa_heads(cfg, src.checkpoints["draft"])
-        argv = medusa_convert_argv(tools, ckpt, src.checkpoints["draft"], out, m, heads, cfg.speculative.max_draft_len)
+        argv = medusa_convert_argv(tools, ckpt, src.checkpoints["draft"], out, m, heads, cfg.speculative.max_k)
         return (f"convert-{role}", argv, f"convert the target with its {heads} Medusa heads ({shape})",
                 tools.medusa_convert_script())
     if info is None or info.architecture in LLAMA_SCRIPT_ARCHS or info.architecture is None:
@@ -306,7 +306,7 @@ def _build_step(src: _StepInputs, role: str, m: ModelConfig, checkpoint_step: st
     out = src.output_dir / "engines" / role
     if role == "target":
         mode = "medusa" if cfg.speculative.method == "medusa" else "draft_tokens_external"
-        what = f"{mode}, max_draft_len {cfg.speculative.max_draft_len}"
+        what = f"{mode}, {MAX_DRAFT_LEN} {cfg.speculative.max_k}"
     else:
         what = "gathers generation logits" if cfg.speculative.use_draft_logits else "plain engine"
     return Step(

@@ -20,7 +20,8 @@ from trtspec.checkpoint import (
     format_bytes,
     format_params,
 )
-from trtspec.config import BuildConfig, EngineKind, plan_max_num_tokens
+from trtspec.config import MAX_DRAFT_LEN, BuildConfig, EngineKind, plan_max_num_tokens
+from trtspec.contract import NUM_DRAFT_TOKENS
 from trtspec.contract.nvidia import ENGINE_FLOW_RANGE
 from trtspec.machine import Machine, disk_free
 from trtspec.pipeline.memory import check_memory, models_of
@@ -155,24 +156,24 @@ def _check_pair(cfg: BuildConfig, infos: dict[str, CheckpointInfo | None], r: Pr
 
 def _check_speculative(cfg: BuildConfig, infos: dict[str, CheckpointInfo | None], r: PreflightResult) -> None:
     s, L = cfg.speculative, cfg.limits
-    if s.num_draft_tokens > s.max_draft_len:
+    if s.default_k > s.max_k:
         r.add(
             "error",
             "draft-len",
-            f"speculative.num_draft_tokens ({s.num_draft_tokens}) > speculative.max_draft_len ({s.max_draft_len}): "
-            "the target engine verifies at most max_draft_len draft tokens per step and TensorRT-LLM asserts "
-            "'Number of draft tokens is larger than maximum number of draft tokens'. Lower num_draft_tokens or "
-            "raise max_draft_len (the target engine is then rebuilt).",
+            f"speculative.{NUM_DRAFT_TOKENS} ({s.default_k}) > speculative.{MAX_DRAFT_LEN} ({s.max_k}): "
+            f"the target engine verifies at most {MAX_DRAFT_LEN} draft tokens per step and TensorRT-LLM asserts "
+            f"'Number of draft tokens is larger than maximum number of draft tokens'. Lower {NUM_DRAFT_TOKENS} or "
+            f"raise {MAX_DRAFT_LEN} (the target engine is then rebuilt).",
         )
     gap = L.max_seq_len - L.max_input_len
-    if cfg.draft is not None and gap < s.max_draft_len + 1:
+    if cfg.draft is not None and gap < s.max_k + 1:
         r.add(
             "warning",
             "seq-len-gap",
-            f"limits.max_seq_len - limits.max_input_len = {gap} < max_draft_len + 1 = {s.max_draft_len + 1}: the "
+            f"limits.max_seq_len - limits.max_input_len = {gap} < {MAX_DRAFT_LEN} + 1 = {s.max_k + 1}: the "
             "speculative loop resends prompt + generated tokens as the input every step (so prompt + max_tokens "
-            f"must fit max_input_len = {L.max_input_len}), and each step then asks for up to max_draft_len + 1 more "
-            f"tokens; set limits.max_seq_len >= {L.max_input_len + s.max_draft_len + 1}.",
+            f"must fit max_input_len = {L.max_input_len}), and each step then asks for up to {MAX_DRAFT_LEN} + 1 more "
+            f"tokens; set limits.max_seq_len >= {L.max_input_len + s.max_k + 1}.",
         )
     for role, info in infos.items():
         if info is not None and info.max_position_embeddings and L.max_seq_len > info.max_position_embeddings:

@@ -12,7 +12,7 @@ import numpy as np
 
 from trtspec.spec.drafters import ESTIMATE_KEYS
 
-MAX_POSITIONS = 64  # SpeculativeConfig.max_draft_len's bound
+MAX_POSITIONS = 64  # SpeculativeConfig.max_k's bound
 MAX_LOAD = 256  # requests in flight (or in one draft call), as a cost-table key (more count as this many)
 MAX_STEP_TOKENS = 4096  # tokens in one target step, as a cost-table key (more count as this many)
 

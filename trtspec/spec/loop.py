@@ -57,7 +57,11 @@ class LoopSettings(BaseModel):
 
     @property
     def limits(self) -> RequestLimits:
-        return RequestLimits(self.speculative.max_draft_len, self.max_input_len)
+        return RequestLimits(self.speculative.max_k, self.max_input_len)
+
+    def requested_k(self, req: "LoopRequest") -> int:
+        """The draft length the request asks for, or the deployment's default when it asks for none."""
+        return self.speculative.default_k if req.num_draft_tokens is None else req.num_draft_tokens
 
     def engine_name(self, name: str) -> str:
         return self.engine_input_names.get(name, name)
@@ -284,7 +288,7 @@ class SpeculativeLoop:
                                       self.settings.draft_disabled or not drafting)
         policy = RequestPolicy(
             max_tokens=req.max_tokens,
-            num_draft_tokens=spec.num_draft_tokens if req.num_draft_tokens is None else req.num_draft_tokens,
+            k=self.settings.requested_k(req),
             adaptive=(req.draft_length_policy or spec.draft_length_policy) == "adaptive",
             selection=selection,
             stream=req.stream,
@@ -330,7 +334,7 @@ class SpeculativeLoop:
             draft = proposal.tokens
             remaining = req.max_tokens - len(generated)
             if passthrough:  # the whole rest in one call; streamed: a tree's worth a call
-                plan = replace(plan, plain=min(remaining, self.settings.speculative.max_draft_len + 1) if req.stream
+                plan = replace(plan, plain=min(remaining, self.settings.speculative.max_k + 1) if req.stream
                                else remaining)
             plan = replace(plan, plain=guided.plain(plan.plain, remaining)) if guided else plan
             t0 = time.perf_counter()

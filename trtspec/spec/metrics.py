@@ -304,7 +304,7 @@ class ControllerGauges:
         self._metrics[key].set(float(value))
 
     def update(self, est: Any, positions: int) -> None:
-        """`est`: trtspec.spec.estimates.Estimates; `positions`: draft positions to report (max_draft_len)."""
+        """`est`: trtspec.spec.estimates.Estimates; `positions`: draft positions to report (the deployment's max_k)."""
         now = time.monotonic()
         if now - self._sent_at < self.MIN_INTERVAL_S:
             return

@@ -31,7 +31,7 @@ class RequestPolicy:
     """What of a request the planner decides by (the rest of the request is the loop's)."""
 
     max_tokens: int
-    num_draft_tokens: int  # the request's k (fixed), or the most the controller drafts (adaptive)
+    k: int  # the request's k (fixed), or the most the controller drafts (adaptive)
     adaptive: bool
     selection: str  # drafters.SELECTIONS key: the sources, in asking order
     stream: bool = False
@@ -77,7 +77,7 @@ class Planner:
         self.draft_seen = 0  # tokens of the sequence the draft model (or the target's own drafter) holds
         # plain calls in a row: a request that cannot draft has whole runs from the start (None); streamed
         # requests, and the target's own drafter, take one token per call
-        self.stretch: int | None = 0 if self.sources and self.policy.num_draft_tokens else None
+        self.stretch: int | None = 0 if self.sources and self.policy.k else None
         # a request that is not streamed takes its plain calls as runs (where the target's own drafter is asked for
         # nothing: it catches up on the run's positions when next asked)
         self.runs = not self.policy.stream
@@ -102,7 +102,7 @@ class Planner:
         """The iteration of a request whose running sequence is `seq`, with `load` requests in flight."""
         spec, pol = self.spec, self.policy
         remaining = pol.max_tokens - self.generated
-        k = fixed_draft_len(pol.num_draft_tokens if self.sources else 0, remaining)
+        k = fixed_draft_len(pol.k if self.sources else 0, remaining)
         lookup_only = False
         if k and (spec.max_concurrency is not None or spec.draft_len_schedule):
             # the user's caps on top of the controller: drafting stops, or shortens, with the load

@@ -221,7 +221,7 @@ class LoopModel:
             if last is None:
                 raise EngineCallError("the loop produced no output")
             try:
-                self.controller_gauges.update(self.estimates, self.settings.speculative.max_draft_len)
+                self.controller_gauges.update(self.estimates, self.settings.speculative.max_k)
             except Exception:  # noqa: BLE001 - the gauges explain; they must never fail the request they follow
                 pass
             generated = last.generated_before + last.new_tokens
