@@ -290,3 +290,32 @@ def test_a_request_with_a_prompt_to_catch_up_joins_a_deployment_that_drafts():
     # where the deployment has not drafted for a while, the same small gain does not start it (the margin)
     est.clock[0] += 10.0
     assert new.choose(8, {"model": 1}, missed=256, may_probe=False, remaining=100).k == 0
+
+
+def test_a_prompts_catch_up_is_priced_as_the_steps_grow_with_tokens_not_at_a_probes_rate():
+    # A memory-bound device: a step costs 10 ms up to 128 tokens, then 40 us a token more; the draft model's steps
+    # cost a fifth of the target's at any tokens. Probes catch up on a few tokens, free there; a prompt's catch-up
+    # of 254 costs what 126 tokens past the flat part do. One rate a caught-up token cannot price both: a catch-up
+    # is priced as the target's steps grow over as many tokens, scaled to the draft model's step.
+    def step(tokens):
+        return 0.010 + 40e-6 * max(0, tokens - 128)
+
+    def draft_call(k, batch, caught_up):  # k draft steps, the first carrying the batch's catch-up
+        return 0.2 * (step(batch + caught_up) + (k - 1) * step(batch))
+
+    ctl = GoodputController(Estimates(), AdaptivePolicy())
+    rng = np.random.default_rng(0)
+    for i in range(300):
+        tokens = int(rng.choice([8, 16, 24, 300, 600]))  # plain steps, some carrying a new prompt's chunk
+        ctl.record(8, None, 0, 0, step(tokens), step_tokens=tokens)
+        k, missed = int(rng.integers(1, 4)), int(rng.choice([2, 2, 20, 40, 256]))
+        ctl.record(8, "model", k, 0, step(8 * (1 + k)), draft_s=draft_call(k, 8, missed - 2), missed=missed,
+                   draft_batch=8, step_tokens=8 * (1 + k))
+    assert ctl.batched()
+    a, _ = ctl.draft_rates(8)
+    assert a == pytest.approx(0.2 * step(8), rel=0.05)  # a draft step of 8 rows
+    for missed, rel in ((20, None), (256, 0.2), (600, 0.1)):
+        truth = 0.2 * (step(8 + missed - 2) - step(8))
+        priced = ctl.draft_costs(1, 8, missed=missed)[1] - ctl.draft_costs(1, 8)[1]
+        # a line through every call's catch-up prices 20 tokens at 74 us (free here) and 600 at 2.5 ms (3.8)
+        assert priced < 2e-5 if rel is None else priced == pytest.approx(truth, rel=rel), (missed, priced, truth)

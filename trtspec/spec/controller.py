@@ -308,6 +308,12 @@ class GoodputController:
         if c is None:
             known = next((self._draft_fit(b)[1] for b in order if self._draft_fit(b)[1] is not None), 0.0)
             c = known
+        units = nonzero(self.est.draft_units_n)
+        if self.batched() and units.size:  # batched, the drafting rate from calls whose catch-up is priced as a step's
+            u = int(units[np.argmin(np.abs(units - batch))])
+            uu, uy = self.est.draft_units[u].tolist()
+            if uu > 0:
+                return self._scaled(uy / uu, u, batch), self._scaled(c, m, batch)
         return self._scaled(a, m, batch), self._scaled(c, m, batch)
 
     def draft_costs(self, kmax: int, load: int, missed: int = 0,
@@ -322,9 +328,39 @@ class GoodputController:
         rates = rates or self.draft_rates(b)
         if rates is None:
             return None
-        a, c = rates
-        catchup = c * max(0, missed - 2)  # the request's own prefill: work of its own, not shared
-        return [0.0] + [a * k / b + catchup for k in range(1, kmax + 1)]
+        catchup = self.catchup_cost(max(0, missed - 2), load, rates)  # the request's own prefill: not shared
+        return [0.0] + [rates[0] * k / b + catchup for k in range(1, kmax + 1)]
+
+    def catchup_cost(self, tokens: float, load: int, rates: tuple[float, float]) -> float:
+        """Seconds a draft-model call at `load` adds to catch up on `tokens` more (beyond the usual 2): a prefill
+        chunk in its first step. Batched, priced as the target's steps grow from `load` to load + tokens tokens (the
+        slope of the steps measured there) times the draft model's step over the target's: the fitted per-token rate
+        (rates[1]) comes mostly from probes' short catch-ups, and on a memory-bound device a prompt's prefill costs
+        a fraction of that per token, which priced at the short rate kept a deployment whose requests arrive with
+        prompts from drafting. Unbatched, or no steps measured there: the fitted rate."""
+        if tokens <= 0:
+            return 0.0
+        n = load_key(load)
+        weight = self.token_weight(n, tokens) if self.batched() and n != ALONE else None
+        return rates[0] * weight * tokens if weight is not None else rates[1] * tokens
+
+    def step_slope(self, low: int, high: int) -> float | None:
+        return self.est.memo(('step_slope', low, high), lambda: self._step_slope(low, high))
+
+    def _step_slope(self, low: int, high: int) -> float | None:
+        """Seconds per token of the target's steps between `low` and `high` tokens: the least-squares slope of the
+        steps measured from half of `low` to twice `high` tokens. Where none of them reaches halfway to `high`, the
+        nearest step measured beyond joins them: a step's cost grows with its tokens no faster than where it is
+        compute-bound, so that slope bounds the one in between. None: fewer than two steps measured."""
+        tokens = nonzero(self.est.step_n)
+        tokens = tokens[tokens >= max(1, low // 2)]
+        near = tokens[tokens <= 2 * high]
+        if near.size and near[-1] < (low + high) / 2:
+            near = tokens[: near.size + 1]
+        if near.size < 2:
+            return None
+        x, y = near - near.mean(), self.est.step_s[near]
+        return max(float(x @ y) / float(x @ x), 0.0)
 
     def marginal_draft_costs(self, kmax: int, load: int, rates: tuple[float, float]) -> list[float]:
         """What one more request drafting k = 0..kmax adds to a batched draft-model call of `load` requests: the
@@ -383,7 +419,7 @@ class GoodputController:
                     continue  # unmeasured: a probe measures it
                 draft = self.draft_costs(kmax, load, rates=rates)
                 marginal = self.marginal_draft_costs(kmax, load, rates) if n != ALONE and self.batched() else draft
-                catchup = rates[1] * max(0, missed - 2)
+                catchup = self.catchup_cost(max(0, missed - 2), load, rates)
 
             def values(acceptance: list[float], draft: list[float], catchup: float,
                        over: int | float | None = remaining) -> list[float]:
@@ -411,7 +447,8 @@ class GoodputController:
                 if steady is None:  # unbatched (a CPU's), each request's call is its own: its own catch-up
                     together = values(self.acceptance(source, cap, shared=True), draft, catchup)
                 else:  # the deployment's: every request's prompt, over a request's life (the same for all)
-                    together = values(self.acceptance(source, cap, shared=True), draft, rates[1] * steady[0], steady[1])
+                    together = values(self.acceptance(source, cap, shared=True), draft,
+                                      self.catchup_cost(steady[0], load, rates), steady[1])
                 k = int(np.argmax(together))
                 # the margin is to start drafting; once a batching deployment drafts, it goes on while drafting pays
                 # at all, so that the estimates' noise around the margin does not switch it on and off (unbatched, a
@@ -445,10 +482,28 @@ class GoodputController:
         return (max(prompt / count - 2, 0.0), budget / count) if count > 0 else None
 
     def _drafting_now(self, source: str, step: float) -> bool:
-        """Whether the deployment drafted from `source` within its last two steps of `step` seconds (its clock
-        runs in the deployment's seconds)."""
+        """Whether a request of the deployment chose to draft from `source` within its last two steps of `step`
+        seconds (its clock runs in the deployment's seconds). A probe does not count: it would lift the margin to
+        start drafting for every request in its step, and a gain within the estimates' noise would then start it."""
         est = self.est
-        return float(est.clock[0] - est.last_drafted[ESTIMATE_KEYS.index(source)]) <= 2 * step
+        return float(est.clock[0] - est.last_chosen[ESTIMATE_KEYS.index(source)]) <= 2 * step
+
+    def drafting_lately(self, load: int) -> bool:
+        """Whether a request chose to draft from any source within the deployment's last `probe_every` plain steps
+        at `load`. Where none did, drafting pays nowhere now: a request steps aside in whole plain runs, as many
+        target calls as target-only makes, and a probe (the deployment's, in time) tells when that changes.
+        Batched, always: a request in a long run would stay out of the others' drafting when it starts, and the
+        steps would mix drafting and plain requests."""
+        step = self.verify_cost(0, load)
+        if step is None or self.batched():
+            return True
+        return float(self.est.clock[0] - self.est.last_chosen.max()) <= self.settings.probe_every * step
+
+    def _chose(self, choice: Choice | None) -> Choice | None:
+        """Marks a request's choice to draft (not a probe's) for _drafting_now."""
+        if choice is not None and choice.source is not None and choice.k > 0:
+            self.est.last_chosen[ESTIMATE_KEYS.index(choice.source)] = self.est.clock[0]
+        return choice
 
     def _probe_due(self, source: str, load: int) -> bool:
         """A probe of `source` is due once the deployment has run, since the source last drafted (or was learnt),
@@ -475,7 +530,7 @@ class GoodputController:
         for k tokens of drafting, not for `cap` (the head's steps are sequential)."""
         if cap <= 0:
             return 0
-        best = self._best(load, {source: cap})
+        best = self._chose(self._best(load, {source: cap}))
         if best is not None and best.source == source:
             return best.k
         if self._probe_due(source, load):
@@ -497,7 +552,7 @@ class GoodputController:
         next iteration, this request's or another's, probes instead); `remaining`: the request's tokens still to
         come (the catch-up is spread over them). Sources in asking order (the first wins a tie).
         Each candidate's value is its expected tokens per second, acceptance optimistic by its standard error."""
-        best = self._best(load, candidates, missed, remaining)
+        best = self._chose(self._best(load, candidates, missed, remaining))
         if best is None:
             return Choice(None, 0)  # measure a plain step first
         # Probes are the deployment's, like the estimates they feed: one request's probe informs every request, so a
@@ -550,9 +605,9 @@ class GoodputController:
             est.costs_version[0] += verify_s is not None or (draft_s is not None and source is not None)
             if verify_s is not None:
                 _mean_update(est.verify_s, est.verify_n, (proposed, n), verify_s, st.cost_smoothing)
-                if step_tokens and n != ALONE:  # alone, the (k, load) curve is the step's own
-                    _mean_update(est.step_s, est.step_n, (min(step_tokens, MAX_STEP_TOKENS),), verify_s,
-                                 st.cost_smoothing)
+                # alone, the (k, load) curve is the step's own; a step past the table is not priced at its end
+                if step_tokens and n != ALONE and step_tokens <= MAX_STEP_TOKENS:
+                    _mean_update(est.step_s, est.step_n, (step_tokens,), verify_s, st.cost_smoothing)
             if source is None or not proposed:
                 return
             si = ESTIMATE_KEYS.index(source)
@@ -564,6 +619,21 @@ class GoodputController:
             w = max(1.0 / est.draft_fit_n[b], st.cost_smoothing)
             sample = np.array([proposed * proposed, proposed * m, m * m, proposed * draft_s, m * draft_s])
             est.draft_fit[b] += w * (sample - est.draft_fit[b])
+            weight = self.token_weight(b, m) if self.batched() and b != ALONE else None
+            if weight is not None:
+                est.draft_units_n[b] += 1
+                u = proposed + weight * m
+                w = max(1.0 / est.draft_units_n[b], st.cost_smoothing)
+                est.draft_units[b] += w * (np.array([u * u, u * draft_s]) - est.draft_units[b])
+
+    def token_weight(self, rows: int, tokens: float) -> float | None:
+        """What one of `tokens` more tokens adds to a step of `rows` one-token rows, as a share of that step: the
+        slope of the target's steps measured between rows and rows + tokens over its step of `rows` tokens (a plain
+        call's time there carries others' prefill); 0 tokens: 0; None: not measured there. The draft model runs on the same device, its steps grow with tokens alike."""
+        if tokens <= 0:
+            return 0.0
+        slope, steps = self.step_slope(rows, rows + int(tokens)), self.batch_steps(rows, 0)
+        return slope / steps[0] if slope is not None and steps else None
 
     def observe(self, scored: Iterable[tuple[str, int, int]]) -> None:
         """Proposals that were not drafted, (estimate key, proposed, accepted) each, scored against the tokens the

@@ -14,7 +14,7 @@ from trtspec.spec.drafters import ESTIMATE_KEYS
 
 MAX_POSITIONS = 64  # SpeculativeConfig.max_k's bound
 MAX_LOAD = 256  # requests in flight (or in one draft call), as a cost-table key (more count as this many)
-MAX_STEP_TOKENS = 4096  # tokens in one target step, as a cost-table key (more count as this many)
+MAX_STEP_TOKENS = 8192  # tokens in one target step, as a cost-table key (TensorRT-LLM's default max_num_tokens)
 
 
 def _layout() -> dict[str, tuple[int, ...]]:
@@ -28,6 +28,10 @@ def _layout() -> dict[str, tuple[int, ...]]:
         # tokens it prefills first, beyond the usual 2): weighted sums of k*k, k*m, m*m, k*s, m*s
         "draft_fit": (n, 5),
         "draft_fit_n": (n,),
+        # batched, a draft-model call's seconds as a * (k drafted + m caught up weighted as the target's steps weigh
+        # tokens near there): weighted sums of u*u and u*y, u = k + w * m, and how many calls
+        "draft_units": (n, 2),
+        "draft_units_n": (n,),
         "step_s": (MAX_STEP_TOKENS + 1,),  # seconds of a target step by the tokens in it (calls at 2+ in flight)
         "step_n": (MAX_STEP_TOKENS + 1,),
         "stepping": (1,),  # tokens in target calls now
@@ -35,6 +39,7 @@ def _layout() -> dict[str, tuple[int, ...]]:
         "clock": (1,),  # the deployment's time: every call's seconds shared by the requests in flight
         "drafting": (2,),  # requests in draft-model calls now, and the tokens those calls catch up on
         "last_drafted": (s,),  # the clock when source s last drafted, or its acceptance was learnt otherwise
+        "last_chosen": (s,),  # the clock when a request last chose to draft from source s (a probe is not a choice)
         "arrivals": (3,),  # requests as they arrive (decayed sums): prompt tokens, tokens they may generate, count
         "probe_backoff": (s,),  # the probe interval's multiple for source s (0: 1): doubles as its probes fail
     }

@@ -150,7 +150,10 @@ class Planner:
             # draft next. Through a k = 0 stretch it is asked for none, so the target does no head work; the first
             # call that asks again has the engine catch the head up on every position it missed.
             next_k = k if not pol.adaptive else self.controller.next_draft_len("model", k, load)
-        plain = plain_run(None if self.stretch is None else self.stretch + 1, remaining) if self.runs and not next_k else 1
+        stretch = None if self.stretch is None else self.stretch + 1
+        if stretch is not None and pol.adaptive and not self.controller.drafting_lately(load):
+            stretch = None  # the deployment drafts nowhere now: whole runs, target-only's calls, until a probe pays
+        plain = plain_run(stretch, remaining) if self.runs and not next_k else 1
         return Plan(source, key, n, tokens, probe, next_k, plain, missed, lookup_only, k)
 
     def outcome(
