@@ -356,6 +356,8 @@ class GoodputController:
         tokens = tokens[tokens >= max(1, low // 2)]
         near = tokens[tokens <= 2 * high]
         if near.size and near[-1] < (low + high) / 2:
+            if tokens.size == near.size:
+                return None  # nothing measured that far: a flat stretch would price a compute-bound one as free
             near = tokens[: near.size + 1]
         if near.size < 2:
             return None
@@ -380,13 +382,9 @@ class GoodputController:
 
     # -------------------------------------------------------------- the decision
 
-    def _best(self, load: int, candidates: Mapping[str, int], missed: int = 0,
-              remaining: int | None = None) -> Choice | None:
-        """The choice of most expected tokens per second, without probes (None: no plain step measured yet).
-        `remaining`: the request's tokens still to come, over whose drafting iterations the draft model's catch-up
-        is spread (once caught up, it stays caught up while the request drafts); None: none, the whole catch-up
-        on this iteration."""
-        kmax = max(candidates.values(), default=0)
+    def _step_costs(self, load: int, kmax: int) -> tuple[float, list[float]] | None:
+        """(the plain step at `load`, what k = 0..kmax draft rows of every request add to it per request); None: no
+        plain step measured yet."""
         verify = self.verify_costs(kmax, load)
         if verify is None:
             return None
@@ -407,7 +405,21 @@ class GoodputController:
                 rows = [max(r, k * near) for k, r in enumerate(rows)]
         else:
             rows = [max(v - verify[0], 0.0) for v in verify]
-        share = verify[0] / n
+        return verify[0], rows
+
+    def _best(self, load: int, candidates: Mapping[str, int], missed: int = 0,
+              remaining: int | None = None) -> Choice | None:
+        """The choice of most expected tokens per second, without probes (None: no plain step measured yet).
+        `remaining`: the request's tokens still to come, over whose drafting iterations the draft model's catch-up
+        is spread (once caught up, it stays caught up while the request drafts); None: none, the whole catch-up
+        on this iteration."""
+        kmax = max(candidates.values(), default=0)
+        costs = self._step_costs(load, kmax)
+        if costs is None:
+            return None
+        step, rows = costs
+        n = load_key(load)
+        share = step / n
         best, best_value = Choice(None, 0), 1.0 / max(share, 1e-9)
         for source, cap in candidates.items():
             if cap <= 0:
@@ -453,7 +465,7 @@ class GoodputController:
                 # the margin is to start drafting; once a batching deployment drafts, it goes on while drafting pays
                 # at all, so that the estimates' noise around the margin does not switch it on and off (unbatched, a
                 # CPU's, each request's call is its own: the margin stays)
-                drafting = self.batched() and self._drafting_now(source, verify[0])
+                drafting = self.batched() and self._drafting_now(source, step)
                 margin = 0.0 if drafting else SHARED_MARGIN
                 k = k if together[k] > (1 + margin) * together[0] else 0
                 # Once the deployment drafts, a batched draft call runs for the others whether or not this request
@@ -482,11 +494,12 @@ class GoodputController:
         return (max(prompt / count - 2, 0.0), budget / count) if count > 0 else None
 
     def _drafting_now(self, source: str, step: float) -> bool:
-        """Whether a request of the deployment chose to draft from `source` within its last two steps of `step`
-        seconds (its clock runs in the deployment's seconds). A probe does not count: it would lift the margin to
-        start drafting for every request in its step, and a gain within the estimates' noise would then start it."""
+        """Whether the deployment drafted from `source` within its last two steps of `step` seconds (its clock
+        runs in the deployment's seconds). A probe counts: where acceptance came back, the requests in its step
+        take drafting up again without waiting to clear the margin (measured on acceptance that drops and
+        recovers)."""
         est = self.est
-        return float(est.clock[0] - est.last_chosen[ESTIMATE_KEYS.index(source)]) <= 2 * step
+        return float(est.clock[0] - est.last_drafted[ESTIMATE_KEYS.index(source)]) <= 2 * step
 
     def drafting_lately(self, load: int) -> bool:
         """Whether a request chose to draft from any source within the deployment's last `probe_every` plain steps
@@ -500,7 +513,7 @@ class GoodputController:
         return float(self.est.clock[0] - self.est.last_chosen.max()) <= self.settings.probe_every * step
 
     def _chose(self, choice: Choice | None) -> Choice | None:
-        """Marks a request's choice to draft (not a probe's) for _drafting_now."""
+        """Marks a request's choice to draft (not a probe's) for drafting_lately."""
         if choice is not None and choice.source is not None and choice.k > 0:
             self.est.last_chosen[ESTIMATE_KEYS.index(choice.source)] = self.est.clock[0]
         return choice
