@@ -147,8 +147,13 @@ MAX_DRAFT_LEN = "max_draft_len"
 
 class SpeculativeConfig(_Strict):
     # Code names the draft-length fields for what they are (max_k, default_k); the YAML keeps TensorRT-LLM's and
-    # the request field's names, and dumps write them.
-    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
+    # the request field's names (the only keys it accepts for them), and dumps write them.
+    model_config = ConfigDict(serialize_by_alias=True)
+
+    @classmethod
+    def of(cls, max_k: int, default_k: int, **fields: Any) -> "SpeculativeConfig":
+        """A config built in code, its draft lengths given by their code names."""
+        return cls.model_validate({MAX_DRAFT_LEN: max_k, NUM_DRAFT_TOKENS: default_k, **fields})
 
     method: Literal[METHOD_NAMES] | None = Field(  # type: ignore[valid-type]
         default=None,

@@ -95,9 +95,9 @@ def simulate_overlapped(
 ) -> CellResult:
     """As trtspec.bench.simulate.simulate, with the engines overlapping (the module's docstring). `stream`: the
     bench's requests are streamed (a plain call asks for one token)."""
-    spec = SpeculativeConfig(max_k=max(policy.k, 1), default_k=policy.k,
-                             draft_length_policy="adaptive" if policy.adaptive else "fixed",
-                             adaptive=AdaptivePolicy(batched_steps=False))
+    spec = SpeculativeConfig.of(max(policy.k, 1), policy.k,
+                                draft_length_policy="adaptive" if policy.adaptive else "fixed",
+                                adaptive=AdaptivePolicy(batched_steps=False))
     pol = RequestPolicy(max_tokens=max_tokens, k=policy.k, adaptive=policy.adaptive,
                         selection="model", stream=stream)
     sources = ("model",) if policy.k else ()

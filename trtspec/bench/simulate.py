@@ -63,8 +63,8 @@ def simulate(
     call adds k head steps to the target's step. Each request's max_tokens is drawn from 0.5-1.5x `max_tokens`, so
     that requests do not all end (and new ones arrive) in the same step; `max_num_tokens`: the most tokens a target
     step holds (prompts are prefilled in chunks of what is left)."""
-    spec = spec or SpeculativeConfig(max_k=max(policy.k, 1), default_k=policy.k,
-                                     draft_length_policy="adaptive" if policy.adaptive else "fixed")
+    spec = spec or SpeculativeConfig.of(max(policy.k, 1), policy.k,
+                                        draft_length_policy="adaptive" if policy.adaptive else "fixed")
     rng = np.random.default_rng(seed)
     estimates = Estimates()
     result = CellResult(policy.name, concurrency_label, acceptance.name)

@@ -317,9 +317,9 @@ class LLM:
         # TensorRT-LLM's NGram drafter has no minimum n-gram size: n goes down to 1
         ngram_max = int(spec.get("max_matching_ngram_size") or 2)
         settings = LoopSettings(
-            speculative=SpeculativeConfig(
-                max_k=max(1, self.max_k),
-                default_k=self.max_k,
+            speculative=SpeculativeConfig.of(
+                max(1, self.max_k),
+                self.max_k,
                 draft_length_policy="fixed",  # TensorRT-LLM drafts its most (its schedule caps it), no controller
                 method="eagle3" if method == "eagle3" else None,
                 draft_source=self.source or "model",
