@@ -216,8 +216,10 @@ class GoodputController(EngineCosts):
         target calls as target-only makes, and a probe (the deployment's, in time) tells when that changes.
         Batched, always: a request in a long run would stay out of the others' drafting when it starts, and the
         steps would mix drafting and plain requests."""
+        if self.batched():
+            return True
         step = self.verify_cost(0, load)
-        if step is None or self.batched():
+        if step is None:
             return True
         return float(self.est.clock[0] - self.est.last_chosen.max()) <= self.settings.probe_every * step
 

@@ -20,6 +20,12 @@ def _through_nearest_two(values: list[float], measured: list[int], k: int) -> fl
     return values[k0] + (values[k1] - values[k0]) * (k - k0) / (k1 - k0)
 
 
+def _slope(points: np.ndarray, values: np.ndarray) -> float:
+    """The least-squares slope of `values` over `points` (at least two distinct), never below 0."""
+    x = points - points.mean()
+    return max(float(x @ values) / float(x @ x), 0.0)
+
+
 def needs_draft_model(key: str) -> bool:
     """An estimate key's source drafts with an engine call (its cost is measured; prompt lookup's is none)."""
     return SOURCES[source_of(key)].needs_draft_model
@@ -97,8 +103,7 @@ class EngineCosts:
         near = tokens[(tokens >= max(1, n // 2)) & (tokens <= max(2 * n, n * (1 + kmax)))]
         if near.size < 2:
             return 0.0
-        x, y = near - near.mean(), self.est.step_s[near]
-        return max(float(x @ y) / float(x @ x), 0.0)
+        return _slope(near, self.est.step_s[near])
 
     def batch_steps(self, load: int, kmax: int) -> list[float] | None:
         return self.est.memo(('batch_steps', load, kmax), lambda: self._batch_steps(load, kmax))
@@ -117,9 +122,7 @@ class EngineCosts:
         if near.size < 2 or near[-1] < n:
             return None
         y = self.est.step_s[near]
-        x = near - near.mean()
-        slope = max(float(x @ y) / float(x @ x), 0.0)
-        at_mean = float(y.mean())
+        slope, at_mean = _slope(near, y), float(y.mean())
         return [max(at_mean + slope * (n * (1 + k) - near.mean()), 1e-9) for k in range(kmax + 1)]
 
     def row_costs(self, kmax: int, load: int = ALONE) -> list[float]:
@@ -151,8 +154,7 @@ class EngineCosts:
         if near is not None:
             close = plain[(plain >= max(1, near // 2)) & (plain <= 2 * near)]
             if close.size >= 2:
-                x = close - close.mean()
-                return max(float(x @ means[0, close]) / float(x @ x), 0.0)
+                return _slope(close, means[0, close])
         lo, hi = int(plain[0]), int(plain[-1])
         return max(float(means[0, hi] - means[0, lo]) / (hi - lo), 0.0)
 
@@ -294,8 +296,7 @@ class EngineCosts:
             near = tokens[: near.size + 1]
         if near.size < 2:
             return None
-        x, y = near - near.mean(), self.est.step_s[near]
-        return max(float(x @ y) / float(x @ x), 0.0)
+        return _slope(near, self.est.step_s[near])
 
     def marginal_draft_costs(self, kmax: int, load: int, rates: tuple[float, float]) -> list[float]:
         """What one more request drafting k = 0..kmax adds to a batched draft-model call of `load` requests: the
