@@ -5,16 +5,18 @@ held-out evaluation set (trtspec/assets/eval/heldout_chat.jsonl): exact texts, t
 The training prompts are rebuilt exactly as scripts/train_eagle3.py made them (make_jobs, seed 0, the first
 --gen-limit jobs of provenance.json's replay command). Prints JSON; provenance.json records its result.
 
-    python scripts/eagle3_prompt_overlap.py
+    python scripts/eagle3_prompt_overlap.py [--record]
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib.util
 import json
 import re
 import sys
+import time
 from argparse import Namespace
 from pathlib import Path
 
@@ -43,14 +45,13 @@ def training_prompts(limit: int | None = None) -> list[dict]:
     mod.encode_prompt = lambda tok, user, system_prompt: ("chat", user)
     mod._as_ids = lambda x: x
     fake_tok = lambda text: {"input_ids": ("plain", text)}  # noqa: E731
-    args = Namespace(seed=0, chat=3000, sampled_share=0.2, plain=150, chat_new=128, system_prompt=False)
-    jobs = mod.make_jobs(fake_tok, args)[:limit]
+    jobs = mod.make_jobs(fake_tok, Namespace(**mod.JOB_DEFAULTS))[:limit]
     return [{"text": j["prompt"][1], "kind": j["kind"]} for j in jobs]
 
 
 def training_forms() -> list[str]:
     mod = _training_module()
-    return list(mod.CHAT_FORMS) + list(mod.EXTRA_FORMS) + list(mod.PLAIN_FORMS)
+    return list(mod.FORMS) + list(mod.PLAIN_FORMS)
 
 
 def training_topics() -> list[str]:
@@ -144,8 +145,23 @@ def audit() -> dict:
     return out
 
 
+def disjoint(result: dict) -> bool:
+    """No prompt set shares a text, topic, form or 4-word phrase of a form with the training prompts."""
+    return not any(v for s in result["sets"].values() for k, v in s.items() if k != "prompts")
+
+
 def main() -> None:
-    print(json.dumps(audit(), indent=1))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--record", action="store_true", help="write the result into the head's provenance.json")
+    args = ap.parse_args()
+    result = audit()
+    print(json.dumps(result, indent=1))
+    if args.record:
+        info = json.loads(PROVENANCE.read_text())
+        info["prompt_overlap"] = {"command": "python scripts/eagle3_prompt_overlap.py --record",
+                                  "measured": time.strftime("%Y-%m-%d"),
+                                  "disjoint_from_project_prompts": disjoint(result), **result}
+        PROVENANCE.write_text(json.dumps(info, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from train_draft import CHAT_FORMS, PLAIN_FORMS, TOPICS, _as_ids, encode_chat, lr_at, make_batches, next_tokens  # noqa: E402
+from train_draft import _as_ids, encode_chat, lr_at, make_batches, next_tokens  # noqa: E402
 
 from trtspec import demo_pair  # noqa: E402
 from trtspec.bench.prompts import chat as chat_text  # noqa: E402
@@ -54,19 +54,93 @@ from trtspec.checkpoint import default_capture_layers  # noqa: E402
 
 T0 = time.monotonic()
 
-# Topics of the built-in bench chat prompts (trtspec/bench/prompts.py) and of scripts/measure_pair.py's
-# held-out set stay out of training: acceptance is measured on them.
-HELD_OUT_KEYWORDS = ("black hole", "sleep", "vaccin", "immune", "inflation", "climate", "weather", "sky",
-                     "bread", "bak", "picnic", "email")
-
-EXTRA_FORMS = [
-    "Give me three tips about {t}.",
-    "Answer in a few sentences: what is {t}?",
-    "Suggest a name for a club about {t}, and say why.",
-    "Write a short, friendly message to a friend about {t}.",
-    "Explain {t} to a ten-year-old.",
-    "What is the difference between {t} and something related to it?",
+# The training prompts share no text, topic, instruction form or 4-word phrase with any prompt trtspec sends (the
+# bench, the demo, the tests, the README) or with the held-out set (trtspec/assets/eval/heldout_chat.jsonl):
+# acceptance is measured on those. scripts/eagle3_prompt_overlap.py audits it and tests/test_eagle3_training_data.py
+# keeps it so; a topic whose words appear in any of those prompts was left out.
+TOPICS = [
+    'the Silk Road', 'beekeeping', 'origami', 'submarines', 'the printing press', 'glassblowing',
+    'the Hubble telescope', 'sourdough starters', 'hot air balloons', 'the Panama Canal', 'sign language',
+    'chess openings', 'the Byzantine Empire', 'tectonic plates', 'octopuses', 'knitting', 'marathon training',
+    'fossil fuels', 'the Ottoman Empire', 'jellyfish', 'calligraphy', 'the Hanseatic League', 'violin making',
+    'honeybees', 'skyscrapers', 'the Amazon river', 'poetry slams', 'the abacus', 'wind tunnels',
+    'Antarctic expeditions', 'stained glass', 'the Incas', 'sundials', 'typewriters', 'pottery',
+    'electric guitars', 'cryptography', 'owls', 'the Suez Canal', 'mosaics', 'dinosaurs', 'crossword puzzles',
+    'bamboo', 'the Louvre museum', 'microscopes', 'the Wright brothers', 'sand dunes', 'the Sahara', 'caves',
+    'tides', 'kangaroos', 'board games', 'public transport', 'carpentry', 'windmills', 'folk dancing',
+    'the Eiffel Tower', 'lacrosse', 'ballet', 'the Hindenburg', 'compost', 'composting toilets',
+    'the Rosetta Stone', 'mushrooms', 'hedgehogs', 'mountain goats', 'sailing ships', 'hieroglyphs', 'batteries',
+    'cement', 'velcro', 'radio', 'television history', 'satellites', 'cartography', 'spices', 'saffron', 'vanilla',
+    'the cocoa trade', 'salt', 'the postal service', 'stamps', 'coins', 'banking', 'credit cards', 'pensions',
+    'insurance', 'architecture', 'castles', 'bridges over rivers', 'tunnels', 'dams', 'canals', 'irrigation',
+    'rice farming', 'wheat', 'potatoes', 'tomatoes', 'olive oil', 'wine making', 'cheese making', 'fermentation',
+    'yoghurt', 'pickles', 'noodles', 'dumplings', 'sushi', 'tacos', 'curry', 'badminton', 'rowing', 'fencing',
+    'archery', 'judo', 'surfing', 'skiing', 'ice skating', 'rock climbing', 'scuba diving', 'birdwatching',
+    'astronomy clubs', 'telescopes', 'comets', 'asteroids', 'Mars', 'Jupiter', 'nebulae', 'gravity waves',
+    'lasers', 'transistors', 'microchips', 'semiconductors', 'robotics', 'drones', '3D printing',
+    'virtual reality', 'video games', 'podcasts', 'libraries', 'museums', 'zoos', 'aquariums', 'botanical gardens',
+    'national parks', 'wildfires', 'floods', 'hurricanes', 'tornadoes', 'droughts', 'avalanches', 'icebergs',
+    'penguins', 'polar bears', 'whales', 'dolphins', 'sharks', 'seahorses', 'crabs', 'lobsters', 'ants',
+    'termites', 'butterflies', 'spiders', 'snakes', 'frogs', 'lizards', 'crocodiles', 'eagles', 'parrots', 'crows',
+    'pigeons', 'horses', 'camels', 'llamas', 'giraffes', 'zebras', 'rhinos', 'gorillas', 'chimpanzees', 'bats',
+    'foxes', 'badgers', 'squirrels', 'rabbits', 'tortoises', 'goldfish', 'the heart and lungs', 'bones', 'muscles',
+    'teeth', 'eyesight', 'hearing', 'the sense of smell', 'allergies', 'hand washing', 'yoga', 'running shoes',
+    'posture', 'tai chi', 'swimming lessons', 'the Renaissance painters', 'impressionism', 'sculpture', 'opera',
+    'the orchestra', 'drums', 'the flute', 'choirs', 'folk songs', 'film editing', 'animation', 'comic books',
+    'novels', 'fairy tales', 'myths of ancient Rome', 'Norse mythology', 'the Trojan War', 'the Magna Carta',
+    'the Aztec calendar', 'Mayan cities', 'the Khmer Empire', 'samurai', 'the Ming dynasty', 'the Phoenicians',
+    'the Celts', 'pirates', 'explorers of the Pacific', 'Captain Cook', 'Marco Polo', 'Amelia Earhart',
+    'Marie Curie', 'Isaac Newton', 'Galileo', 'Leonardo da Vinci', 'Nikola Tesla', 'the theory of evolution',
+    'genetics', 'bacteria', 'viruses in history', 'chemistry sets', 'acids and bases', 'magnetism',
+    'electric circuits', 'nuclear power', 'hydrogen fuel', 'recycling plastics', 'glass recycling', 'paper making',
+    'cotton', 'silk', 'wool', 'leather', 'denim', 'fashion history', 'shoes', 'hats', 'umbrellas', 'clocks',
+    'calendars', 'time zones', 'maps', 'compasses', 'GPS', 'ferries', 'cargo ships', 'containers', 'trucks',
+    'motorcycles', 'scooters', 'subways', 'airports', 'air traffic control', 'parachutes', 'gliders', 'rockets',
+    'astronauts', 'moon rocks', 'meteor showers', 'eclipses', 'rainbows', 'clouds', 'fog', 'thunderstorms',
+    'snowflakes', 'hail', 'frost', 'deserts at night', 'oases', 'savannas', 'tundra', 'wetlands', 'mangroves',
+    'kelp forests', 'estuaries', 'waterfalls', 'geysers', 'hot springs', 'canyons', 'valleys', 'archipelagos',
+    'peninsulas', 'fjords',
 ]
+
+FORMS = [
+    'Tell me about {t}.',
+    'I am curious about {t}. Where should I start?',
+    'Describe how {t} works, step by step.',
+    'What do most people get wrong about {t}?',
+    'Write two paragraphs on {t} for a school newsletter.',
+    'List some common questions people ask about {t}, with brief answers.',
+    'What would a beginner need to learn first about {t}?',
+    'Write a limerick about {t}.',
+    'Give an example of how {t} affects everyday life.',
+    'In plain language, how does {t} work?',
+    'What are some myths about {t}?',
+    'Draft a short speech introducing {t} to an audience.',
+    'Create a quiz with three questions about {t}, and give the answers.',
+    'What jobs are connected to {t}?',
+    'Describe a typical day for someone who works with {t}.',
+    'Write a blurb for a book about {t}.',
+    'Which key terms should someone know about {t}?',
+    'How has {t} changed over the centuries?',
+    'What is one surprising thing about {t}?',
+    'Outline a lesson plan about {t}.',
+    'Write a dialogue between two students discussing {t}.',
+    'Pretend you are a tour guide and talk about {t}.',
+    'Weigh the pros and cons of {t}.',
+    'Give a brief overview of {t}.',
+    'Could you teach me the basics of {t}?',
+    'Share an interesting anecdote involving {t}.',
+    'Why do people find {t} fascinating?',
+    'Write a diary entry from someone who loves {t}.',
+]
+
+PLAIN_FORMS = [
+    '{T} are', 'A brief guide to {t}\n\n', 'Notes on {t}:\n-', 'Lecture 3: {T}\n\n', 'Everything changed when {t}',
+    "Our museum's new exhibit on {t}", "{T}: a beginner's handbook\n\nIntroduction\n\n",
+    'Dear reader, today we look at {t}.',
+]
+
+# The counts make_jobs builds from (argparse defaults; the audit and train_medusa.py rebuild the same jobs).
+JOB_DEFAULTS = {"seed": 0, "chat": 6000, "sampled_share": 0.2, "plain": 300, "chat_new": 128, "system_prompt": False}
 
 
 def log(msg: str) -> None:
@@ -74,7 +148,7 @@ def log(msg: str) -> None:
 
 
 def train_topics() -> list[str]:
-    return [t for t in TOPICS if not any(k in t.lower() for k in HELD_OUT_KEYWORDS)]
+    return list(TOPICS)
 
 
 # ------------------------------------------------------------------------------------- generation
@@ -106,12 +180,14 @@ def generate_batch(model, cap: Capture, prompts: list[list[int]], *, max_new: in
     (len(ids), H) fp16 final normed hidden states; position t's states come from tokens 0..t."""
     from transformers import DynamicCache
 
+    dev = model.device
     B, L = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((B, L), eos, dtype=torch.long)
     mask = torch.zeros((B, L), dtype=torch.long)
     for b, p in enumerate(prompts):
         ids[b, L - len(p):] = torch.tensor(p)
         mask[b, L - len(p):] = 1
+    ids, mask = ids.to(dev), mask.to(dev)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     out = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
@@ -121,23 +197,23 @@ def generate_batch(model, cap: Capture, prompts: list[list[int]], *, max_new: in
     last_h = h[:, -1]
     alive = list(range(B))
     next_pos = pos[:, -1] + 1
-    temp = torch.tensor(temps, dtype=torch.float32)
+    temp = torch.tensor(temps, dtype=torch.float32, device=dev)
     for step in range(max_new):
         nxt = next_tokens(model.lm_head(last_h).float(), temp, top_p, gen)
-        keep = []
+        keep, nxt_host = [], nxt.tolist()
         for r, s in enumerate(alive):
-            t = int(nxt[r])
+            t = int(nxt_host[r])
             res[s]["gen"].append(t)
             if t != eos and step < max_new - 1:
                 keep.append(r)
         if not keep:
             break
         if len(keep) < len(alive):
-            kt = torch.tensor(keep)
+            kt = torch.tensor(keep, device=dev)
             cache.batch_select_indices(kt)
             mask, nxt, next_pos, temp = mask[kt], nxt[kt], next_pos[kt], temp[kt]
             alive = [alive[r] for r in keep]
-        mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=torch.long)], dim=1)
+        mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=torch.long, device=dev)], dim=1)
         out = model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                           past_key_values=cache, use_cache=True)
         next_pos = next_pos + 1
@@ -150,7 +226,7 @@ def generate_batch(model, cap: Capture, prompts: list[list[int]], *, max_new: in
         ids_all = r["prompt"] + r["gen"]
         # The last generated token was never fed back: states exist for all but it.
         n = len(ids_all) - 1
-        aux_all, last_all = torch.cat(r["aux"])[:n], torch.cat(r["last"])[:n]
+        aux_all, last_all = torch.cat(r["aux"])[:n].cpu(), torch.cat(r["last"])[:n].cpu()
         assert aux_all.shape[0] == n, (aux_all.shape, n)
         seqs.append({"ids": torch.tensor(ids_all[:n + 1], dtype=torch.int32), "plen": len(r["prompt"]),
                      "aux": aux_all.contiguous(), "last": last_all.contiguous()})
@@ -168,7 +244,7 @@ def encode_prompt(tok, user: str, system_prompt: bool) -> list[int]:
 def make_jobs(tok, args) -> list[dict]:
     rng = random.Random(args.seed * 10 + 1)
     topics = train_topics()
-    pairs = [(t, f) for t in topics for f in CHAT_FORMS + EXTRA_FORMS]
+    pairs = [(t, f) for t in topics for f in FORMS]
     rng.shuffle(pairs)
     jobs = []
     for n, (t, f) in enumerate(pairs[: args.chat]):
@@ -189,10 +265,10 @@ def stage_gen(args, deadline: float | None) -> None:
 
     target_dir = demo_pair.ensure_target(progress=log)
     tok = AutoTokenizer.from_pretrained(target_dir)
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval().to(args.device)
     cap = Capture(model, default_capture_layers(model.config.num_hidden_layers))
     eos = tok.convert_tokens_to_ids(demo_pair.EOS_TOKEN)
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = torch.Generator(device=args.device).manual_seed(args.seed)
     jobs = make_jobs(tok, args)[args.gen_skip : args.gen_limit]
     shard_dir = args.work / f"gen_s{args.seed}{args.gen_tag}"
     shard_dir.mkdir(parents=True, exist_ok=True)
@@ -289,24 +365,29 @@ def collate(seqs: list[dict], idx: list[int], prompt_weight: float):
     return ids, aux, last, wt, greedy_gen
 
 
+def batch_on(device: str, seqs: list[dict], idx: list[int], prompt_weight: float) -> tuple:
+    return tuple(t.to(device, non_blocking=True) for t in collate(seqs, idx, prompt_weight))
+
+
 def ttt_forward(head, ids, aux, last, wt, greedy_gen, w_teacher, steps: int, decay: float, preds: list | None = None):
     """Training-time test: `steps` unrolled draft steps over every position at once. Step s's entry at t sits at
     position t+s with token t+s+1; it attends to the step-0 entries 0..t (causal) and to its own earlier steps
     at t (the diagonal), as drafting from position t with a KV cache does; its label is the target's
     distribution at position t+s+1. With `preds`, appends each step's argmax draft ids (B, T)."""
     B, T, _ = aux.shape
+    dev = aux.device
     a = head.midlayer.self_attn
     g = a.heads // a.kv_heads
     with torch.no_grad():
         teacher = torch.log_softmax(last @ w_teacher.t(), dim=-1)  # (B, T, Vd)
     feat = head.fc(aux)
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
     ks, vs = [], []
     loss, stats = 0.0, []
     for s in range(steps):
-        tok = torch.zeros((B, T), dtype=torch.long)
+        tok = torch.zeros((B, T), dtype=torch.long, device=dev)
         tok[:, : T + 1 - (s + 1)] = ids[:, s + 1 :][:, :T]
-        pos = torch.arange(T) + s
+        pos = torch.arange(T, device=dev) + s
         q, k, v = head.qkv(tok, feat, pos)
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
         scale = 1.0 / math.sqrt(a.head_dim)
@@ -328,14 +409,14 @@ def ttt_forward(head, ids, aux, last, wt, greedy_gen, w_teacher, steps: int, dec
             preds.append(logits.argmax(-1))
         # labels at positions t+s+1
         n_lab = T - (s + 1)
-        w = torch.zeros((B, T))
+        w = torch.zeros((B, T), device=dev)
         w[:, :n_lab] = wt[:, s + 1 :]
         tl = torch.zeros_like(logits[..., :1]).expand_as(logits).clone()
         tl[:, :n_lab] = teacher[:, s + 1 :]
         ce = -(tl.exp() * torch.log_softmax(logits, dim=-1)).sum(-1)
         loss = loss + (decay**s) * (ce * w).sum() / w.sum().clamp(min=1)
         with torch.no_grad():
-            gg = torch.zeros((B, T), dtype=torch.bool)
+            gg = torch.zeros((B, T), dtype=torch.bool, device=dev)
             gg[:, :n_lab] = greedy_gen[:, s + 1 :]
             hit = (logits.argmax(-1) == tl.argmax(-1)) & gg
             stats.append((int(hit.sum()), int(gg.sum())))
@@ -348,7 +429,7 @@ def evaluate(head, seqs, batches, w_teacher, steps, prompt_weight) -> list[float
     tot = [[0, 0] for _ in range(steps)]
     with torch.no_grad():
         for idx in batches:
-            _, st = ttt_forward(head, *collate(seqs, idx, prompt_weight), w_teacher, steps, 0.8)
+            _, st = ttt_forward(head, *batch_on(w_teacher.device, seqs, idx, prompt_weight), w_teacher, steps, 0.8)
             for s, (h, n) in enumerate(st):
                 tot[s][0] += h
                 tot[s][1] += n
@@ -383,8 +464,8 @@ def stage_train(args) -> None:
     ho = [seqs[i] for i in sorted(ho_set)]
     tr = [seqs[i] for i in range(len(seqs)) if i not in ho_set]
     ho_batches = make_batches(ho, args.tokens_per_step, random.Random(0))
-    head = init_head(cfg, tt, vocab_ids, layers, args.seed)
-    w_teacher = tt["model.embed_tokens.weight"][torch.tensor(vocab_ids)]
+    head = init_head(cfg, tt, vocab_ids, layers, args.seed).to(args.device)
+    w_teacher = tt["model.embed_tokens.weight"][torch.tensor(vocab_ids)].to(args.device)
     params = [p for p in head.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
     log(f"head trainable params: {n_params / 1e6:.2f}M; vocab coverage of the data's generated tokens: "
@@ -393,7 +474,7 @@ def stage_train(args) -> None:
     ck_path = args.work / f"head_ckpt_s{args.seed}{args.train_tag}.pt"
     step, epoch, pos_in_epoch, history = 0, 0, 0, []
     if ck_path.exists():
-        ck = torch.load(ck_path)
+        ck = torch.load(ck_path, map_location=args.device)
         head.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         step, epoch, pos_in_epoch, history = ck["step"], ck["epoch"], ck["pos"], ck["history"]
@@ -401,7 +482,7 @@ def stage_train(args) -> None:
         log(f"resumed at step {step}")
     else:
         if args.init_from:  # weights only: a new schedule over (more) data, starting from an earlier run's head
-            head.load_state_dict(torch.load(args.init_from)["model"])
+            head.load_state_dict(torch.load(args.init_from, map_location=args.device)["model"])
             history.append({"init_from": str(args.init_from)})
             log(f"initialised from {args.init_from}")
         acc0 = evaluate(head, ho, ho_batches, w_teacher, args.ttt, args.prompt_weight)
@@ -421,7 +502,7 @@ def stage_train(args) -> None:
         lr = lr_at(step, args.steps, args.lr, args.warmup, 0.1)
         for gr in opt.param_groups:
             gr["lr"] = lr
-        loss, st = ttt_forward(head, *collate(tr, idx, args.prompt_weight), w_teacher, args.ttt, 0.8)
+        loss, st = ttt_forward(head, *batch_on(args.device, tr, idx, args.prompt_weight), w_teacher, args.ttt, 0.8)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -470,7 +551,7 @@ def write_head(args, head, cfg, seqs, n_params, history, step, epoch, train_s) -
 
     out = args.out if not args.smoke else args.work / "smoke_out"
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: (v.detach().to(torch.float16) if v.is_floating_point() else v.detach()).contiguous()
+    state = {k: (v.detach().to(torch.float16) if v.is_floating_point() else v.detach()).cpu().contiguous()
              for k, v in head.state_dict().items()}
     tmp = out / (eagle3.TENSORS_FILE + ".tmp")
     save_file(state, str(tmp), metadata={"format": "pt"})
@@ -499,6 +580,7 @@ def write_head(args, head, cfg, seqs, n_params, history, step, epoch, train_s) -
         "minutes": {"data_generation": gen_minutes, "training": round(train_s / 60, 1)},
         "heldout_agreement_by_step": history,
         "threads": args.threads,
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
     }
     (out / demo_pair.ASSET_INFO).write_text(json.dumps(info, indent=1) + "\n")
@@ -512,11 +594,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "trtspec" / "assets" / "demo_eagle3")
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "trtspec_train_eagle3")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="torch device for generation and training, e.g. cuda")
     ap.add_argument("--gen-batch", type=int, default=32)
-    ap.add_argument("--chat", type=int, default=3000, help="chat prompts")
-    ap.add_argument("--sampled-share", type=float, default=0.2, help="share of chat prompts sampled at T=0.7")
-    ap.add_argument("--plain", type=int, default=150, help="plain-text openers (sampled)")
-    ap.add_argument("--chat-new", type=int, default=128)
+    ap.add_argument("--chat", type=int, default=JOB_DEFAULTS["chat"], help="chat prompts")
+    ap.add_argument("--sampled-share", type=float, default=JOB_DEFAULTS["sampled_share"],
+                    help="share of chat prompts sampled at T=0.7")
+    ap.add_argument("--plain", type=int, default=JOB_DEFAULTS["plain"], help="plain-text openers (sampled)")
+    ap.add_argument("--chat-new", type=int, default=JOB_DEFAULTS["chat_new"])
     ap.add_argument("--gen-limit", type=int, help="decode only the first N prompts (replays a budgeted run)")
     ap.add_argument("--gen-skip", type=int, default=0, help="skip the first N prompts (an earlier run decoded them)")
     ap.add_argument("--gen-tag", default="", help="shard directory suffix of this generation run (gen_s<seed><tag>); "

@@ -59,12 +59,16 @@ def eagle3_training():
 def jobs(tok, n: int) -> list[dict]:
     """The EAGLE-3 head's training jobs (seed 0, its default counts), the first n."""
     mod = eagle3_training()
-    args = Namespace(seed=0, chat=3000, sampled_share=0.2, plain=150, chat_new=128, system_prompt=False)
-    return mod.make_jobs(tok, args)[:n]
+    return mod.make_jobs(tok, Namespace(**mod.JOB_DEFAULTS))[:n]
 
 
 def stage_gen(args, model, tok) -> list[dict]:
     mod = eagle3_training()
+    if args.eagle3_work:  # the EAGLE-3 head's generation run: its shards keep each position's last hidden state
+        seqs = [{"ids": s["ids"], "plen": s["plen"], "last": s["last"]}
+                for s in mod.load_shards(Namespace(work=args.eagle3_work, seed=0))]
+        args.prompts = len(seqs)
+        return seqs
     path = args.work / f"gen_{args.prompts}_{args.max_new}.pt"
     if path.exists():
         return torch.load(path)
@@ -72,7 +76,7 @@ def stage_gen(args, model, tok) -> list[dict]:
     eos = tok.convert_tokens_to_ids(demo_pair.EOS_TOKEN)
     todo = jobs(tok, args.prompts)
     seqs = []
-    gen = torch.Generator()
+    gen = torch.Generator(device=args.device)
     for i in range(0, len(todo), args.gen_batch):
         shard = args.work / f"shard_{i}_{args.gen_batch}_{args.max_new}.pt"  # a resumed run keeps finished batches
         if shard.exists():
@@ -109,15 +113,15 @@ def examples(seqs: list[dict], heads: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def stage_train(args, model, seqs) -> tuple[list[torch.Tensor], list[torch.Tensor], dict]:
-    H = model.config.hidden_size
+    H, dev = model.config.hidden_size, args.device
     lm = model.lm_head.weight.detach()  # tied to the embedding in SmolLM2: shared, frozen
-    x, y = examples(seqs, args.heads)
+    x, y = (t.to(dev) for t in examples(seqs, args.heads))
     n_eval = max(1, int(0.05 * len(x)))
     g = torch.Generator().manual_seed(0)
-    order = torch.randperm(len(x), generator=g)
+    order = torch.randperm(len(x), generator=g).to(dev)
     ev, tr = order[:n_eval], order[n_eval:]
-    W = [torch.zeros(H, H, requires_grad=True) for _ in range(args.heads)]
-    B = [torch.zeros(H, requires_grad=True) for _ in range(args.heads)]
+    W = [torch.zeros(H, H, device=dev, requires_grad=True) for _ in range(args.heads)]
+    B = [torch.zeros(H, device=dev, requires_grad=True) for _ in range(args.heads)]
     opt = torch.optim.AdamW(W + B, lr=args.lr, weight_decay=0.0)
     steps = args.epochs * (len(tr) // args.batch)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=max(1, steps), pct_start=0.05)
@@ -139,7 +143,7 @@ def stage_train(args, model, seqs) -> tuple[list[torch.Tensor], list[torch.Tenso
     log(f"train: {len(tr)} positions, {steps} steps; top-1 per head before: {history['top1_before']}")
     step = 0
     for epoch in range(args.epochs):
-        perm = tr[torch.randperm(len(tr), generator=g)]
+        perm = tr[torch.randperm(len(tr), generator=g).to(dev)]
         for i in range(0, len(perm) - args.batch + 1, args.batch):
             idx = perm[i : i + args.batch]
             xb, yb = x[idx], y[idx]
@@ -163,6 +167,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "trtspec" / "assets" / "demo_medusa")
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "trtspec_train_medusa")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="torch device for generation and training, e.g. cuda")
+    ap.add_argument("--eagle3-work", type=Path, help="train on this scripts/train_eagle3.py --work directory's "
+                    "generation shards (the same prompts, already generated) instead of generating")
     ap.add_argument("--prompts", type=int, default=384)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--gen-batch", type=int, default=32)
@@ -178,7 +185,7 @@ def main() -> None:
 
     target = demo_pair.ensure_target(progress=log)
     tok = AutoTokenizer.from_pretrained(target)
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval().to(args.device)
     for p in model.parameters():
         p.requires_grad_(False)
     t0 = time.monotonic()
@@ -193,8 +200,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for h in range(args.heads):
-        tensors[f"{h}.0.linear.weight"] = W[h].half().contiguous()
-        tensors[f"{h}.0.linear.bias"] = B[h].half().contiguous()
+        tensors[f"{h}.0.linear.weight"] = W[h].half().cpu().contiguous()
+        tensors[f"{h}.0.linear.bias"] = B[h].half().cpu().contiguous()
     save_file(tensors, str(args.out / medusa.TENSORS_FILE))
     cfg = {"medusa_num_heads": args.heads, "medusa_num_layers": 1, "hidden_size": model.config.hidden_size,
            "vocab_size": model.config.vocab_size, "lm_head": medusa.SHARED_LM_HEAD,
@@ -210,6 +217,7 @@ def main() -> None:
                      "batch": args.batch, "lr": args.lr, **history},
         "minutes": {"generation": round(gen_min, 1), "training": round(train_min, 1)},
         "threads": args.threads,
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "command": "python scripts/train_medusa.py " + " ".join(sys.argv[1:]),
     }
     (args.out / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")

@@ -89,7 +89,7 @@ class MidLayer(nn.Module):
 
 def rope_angles(pos: torch.Tensor, d: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [T, D] of the Llama rotary embedding at positions pos [T]."""
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=pos.device) / d))
     ang = pos.to(torch.float32)[..., None] * inv
     ang = torch.cat([ang, ang], -1)
     return ang.cos().to(dtype), ang.sin().to(dtype)
