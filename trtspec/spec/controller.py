@@ -117,11 +117,11 @@ class GoodputController(EngineCosts):
         return verify[0], rows
 
     def _best(self, load: int, candidates: Mapping[str, int], missed: int = 0,
-              remaining: int | None = None) -> Choice | None:
+              remaining: int | None = None, head_missed: int = 0) -> Choice | None:
         """The choice of most expected tokens per second, without probes (None: no plain step measured yet).
         `remaining`: the request's tokens still to come, over whose drafting iterations the draft model's catch-up
         is spread (once caught up, it stays caught up while the request drafts); None: none, the whole catch-up
-        on this iteration."""
+        on this iteration. `head_missed`: the positions the target's own drafter would catch up on."""
         kmax = max(candidates.values(), default=0)
         costs = self._step_costs(load, kmax)
         if costs is None:
@@ -141,6 +141,8 @@ class GoodputController(EngineCosts):
                 draft = self.draft_costs(kmax, load, rates=rates)
                 marginal = self.marginal_draft_costs(kmax, load, rates) if n != ALONE and self.batched() else draft
                 catchup = self.catchup_cost(max(0, missed - 2), load, rates)
+            if head_missed:
+                catchup = self.head_catchup_cost(head_missed, load)
 
             def values(acceptance: list[float], draft: list[float], catchup: float,
                        over: int | float | None = remaining) -> list[float]:
@@ -229,12 +231,13 @@ class GoodputController(EngineCosts):
             self.est.last_chosen[ESTIMATE_KEYS.index(choice.source)] = self.est.clock[0]
         return choice
 
-    def _probe_due(self, source: str, load: int) -> bool:
+    def _probe_due(self, source: str, load: int, head_missed: int = 0) -> bool:
         """A probe of `source` is due once the deployment has run, since the source last drafted (or was learnt),
         long enough that the probe costs it a bounded share of its time: its plain step `probe_every` times, and
         the probe's draft call PROBE_SHARE^-1 times, both times the source's backoff. In time, not in iterations:
         with many requests in flight, iterations come many to a step, and every request in the step waits for a
-        probe's draft call."""
+        probe's draft call. A probe of the target's own drafter that catches it up on `head_missed` positions
+        costs that catch-up, bounded the same way."""
         si = ESTIMATE_KEYS.index(source)
         est = self.est
         step = self.verify_cost(0, load)
@@ -245,21 +248,63 @@ class GoodputController(EngineCosts):
             rates = self.draft_rates(1)
             if rates is not None:  # what the probe's draft call costs the deployment: drafting alone
                 interval = max(interval, rates[0] * self._probe_len(source, MAX_POSITIONS) / PROBE_SHARE)
+        if head_missed > 1:
+            interval = max(interval, self.head_catchup_cost(head_missed, load) / PROBE_SHARE)
         return float(est.clock[0] - est.last_drafted[si]) >= interval * max(1.0, float(est.probe_backoff[si]))
 
-    def next_draft_len(self, source: str, cap: int, load: int) -> int:
+    def next_draft_len(self, source: str, cap: int, load: int, missed: int = 0, remaining: int | None = None,
+                       may_probe: bool = True) -> int:
+        return self.next_draft(source, cap, load, missed, remaining, may_probe).k
+
+    def next_draft(self, source: str, cap: int, load: int, missed: int = 0, remaining: int | None = None,
+                   may_probe: bool = True) -> Choice:
         """How many tokens to ask a drafter inside the target engine (EAGLE-3) to draft for the next call, which each
         call computes when asked: the k the next iteration would draft if drafting from it pays now, the k of its
         probe if one is due, else 0. So a k = 0 stretch costs what plain steps cost, and a call drafting k pays
-        for k tokens of drafting, not for `cap` (the head's steps are sequential)."""
+        for k tokens of drafting, not for `cap` (the head's steps are sequential). `missed`: the positions the head
+        has not seen, which the call asking catches it up on (priced as measured, spread over `remaining` tokens);
+        `may_probe` false: no probe now (a request's first call, whose first token it would delay). A probe is the
+        deployment's from the moment it is asked for (one request's, not every request's that asks in the meantime):
+        the asking request verifies its draft as a probe on its next iteration."""
         if cap <= 0:
-            return 0
-        best = self._chose(self._best(load, {source: cap}))
+            return Choice(None, 0)
+        best = self._chose(self._best(load, {source: cap}, remaining=remaining, head_missed=missed))
         if best is not None and best.source == source:
-            return best.k
-        if self._probe_due(source, load):
-            return self._probe_len(source, cap)
-        return 0
+            return best
+        if may_probe and self._probe_due(source, load, missed):
+            si = ESTIMATE_KEYS.index(source)
+            with self.est.locked():
+                self.est.last_drafted[si] = self.est.clock[0]
+                self.est.probe_backoff[si] = min(2.0 * max(1.0, float(self.est.probe_backoff[si])), MAX_PROBE_BACKOFF)
+            return Choice(source, self._probe_len(source, cap), probe=True)
+        return Choice(None, 0)
+
+    def record_head_catchup(self, load: int, missed: int, extra_s: float) -> None:
+        """A call of the target's own drafter that caught it up on `missed` positions took `extra_s` more than a
+        call drafting as much without a catch-up."""
+        if missed <= 1:
+            return
+        n = load_key(load)
+        with self.est.locked():
+            _mean_update(self.est.head_catchup_s, self.est.head_catchup_n, (n,), max(0.0, extra_s) / (missed - 1),
+                         self.settings.cost_smoothing)
+            self.est.costs_version[0] += 1
+
+    def head_catchup_cost(self, missed: int, load: int) -> float:
+        """Seconds the target's own drafter's catch-up on `missed` positions adds to a call (beyond the usual one),
+        at the load measured nearest; 0 until one is measured (a probe measures it)."""
+        if missed <= 1:
+            return 0.0
+        seen = np.flatnonzero(self.est.head_catchup_n)
+        if not seen.size:
+            return 0.0
+        n = int(seen[np.argmin(np.abs(seen - load_key(load)))])
+        return float(self.est.head_catchup_s[n]) * (missed - 1)
+
+    def clean_call_cost(self, k: int, load: int) -> float | None:
+        """The measured seconds of a call verifying k drafts at `load` (None: none measured)."""
+        n = load_key(load)
+        return float(self.est.verify_s[k, n]) if self.est.verify_n[k, n] else None
 
     def _probe_len(self, source: str, cap: int) -> int:
         """A probe drafts through the positions believed good (acceptance >= 0.5) and one more."""

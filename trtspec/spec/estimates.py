@@ -32,6 +32,10 @@ def _layout() -> dict[str, tuple[int, ...]]:
         # tokens near there): weighted sums of u*u and u*y, u = k + w * m, and how many calls
         "draft_units": (n, 2),
         "draft_units_n": (n,),
+        # the target's own drafter (EAGLE-3): seconds a call adds per position the head missed (its catch-up: the
+        # call recomputes them and the head extends over them), by requests in flight, and how many calls
+        "head_catchup_s": (n,),
+        "head_catchup_n": (n,),
         "step_s": (MAX_STEP_TOKENS + 1,),  # seconds of a target step by the tokens in it (calls at 2+ in flight)
         "step_n": (MAX_STEP_TOKENS + 1,),
         "stepping": (1,),  # tokens in target calls now

@@ -85,6 +85,7 @@ class Planner:
         # a probe of the draft model that caught it up and was accepted: the next iteration drafts once more, a call
         # without catch-up (what drafting costs once it goes on; a call that catches up cannot tell its parts apart)
         self.follow_up: Plan | None = None
+        self.announced = 0  # the target's own drafter: the k of a probe asked of it last call, verified this one
 
     @classmethod
     def sources_for(cls, selection: str, has_draft_model: bool, in_target: bool, disabled: bool) -> tuple[str, ...]:
@@ -127,6 +128,10 @@ class Planner:
             follow, self.follow_up = self.follow_up, None
             if follow is not None and choice.source is None and caps.get(follow.key, 0) > 0:
                 choice = Choice(follow.key, min(follow.k, caps[follow.key]), probe=True)
+            announced, self.announced = self.announced, 0
+            model = estimate_key("model")
+            if announced and choice.source is None and caps.get(model, 0) > 0:
+                choice = Choice(model, min(announced, caps[model]), probe=True)
             probe = choice.probe
             if choice.source is not None:
                 source = next(s for s in usable if keys[s] == choice.source)
@@ -149,7 +154,12 @@ class Planner:
             # The target's own drafter (EAGLE-3) drafts for the next call as asked: the k the controller would
             # draft next. Through a k = 0 stretch it is asked for none, so the target does no head work; the first
             # call that asks again has the engine catch the head up on every position it missed.
-            next_k = k if not pol.adaptive else self.controller.next_draft_len("model", k, load)
+            if pol.adaptive:
+                asked = self.controller.next_draft("model", k, load, missed, remaining,
+                                                   may_probe=bool(self.stats.num_iterations))
+                next_k, self.announced = asked.k, asked.k if asked.probe else 0
+            else:
+                next_k = k
         stretch = None if self.stretch is None else self.stretch + 1
         if stretch is not None and pol.adaptive and not self.controller.drafting_lately(load):
             stretch = None  # the deployment drafts nowhere now: whole runs, target-only's calls, until a probe pays
@@ -207,6 +217,11 @@ class Planner:
         if self.stretch is not None:  # a probe that failed does not end a stretch
             self.stretch = 0 if draft and (accepted or not plan.probe) else self.stretch + 1
         if self.in_target:
+            if plan.next_k and plan.missed > 1 and self.stats.num_iterations:
+                # what the catch-up added to the call: over a call that verified as many drafts without one
+                usual = self.controller.clean_call_cost(len(draft), load)
+                if usual is not None:
+                    self.controller.record_head_catchup(load, plan.missed, verify_s - usual)
             if plan.next_k:  # the target's own drafter caught up on the call's positions, and drafted from its end
                 self.draft_seen = len(seq)
         elif used is not None and SOURCES[used].needs_draft_model:
