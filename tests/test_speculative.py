@@ -553,28 +553,28 @@ def test_controller_prices_the_in_engine_drafters_catch_up_as_measured():
     # on this CPU: ~6.3 ms a position, 0.13 of a step). Unpriced, a request asked for a draft after 40 plain tokens
     # paid ~5 steps for one token's worth of acceptance, and every request in its step waited (held-out prompts
     # through Triton: 0.83x / 0.88x target-only at 4 / 8 in flight)
-    ctl = _controller(probe_every=8)
+    ctl = _controller(probe_every=8, batched_steps=False)  # a CPU's: each call its own
     for _ in range(30):
         ctl.record(4, None, 0, 0, 0.040)
         ctl.record(4, "model", 1, 1, 0.048, draft_s=0.0)
         ctl.record(4, "model", 1, 0, 0.048, draft_s=0.0)  # acceptance 0.5 at the first position: k = 1 pays
     assert ctl.head_catchup_cost(40, 4) == 0.0  # nothing measured: a probe measures it
     assert ctl.next_draft_len("model", 3, load=4, missed=40, remaining=40) >= 1
-    ctl.record_head_catchup(4, 21, 20 * 0.0063)
-    assert abs(ctl.head_catchup_cost(41, 4) - 40 * 0.0063) < 1e-9
-    assert abs(ctl.head_catchup_cost(41, 8) - 40 * 0.0063) < 1e-9  # the nearest load measured
+    ctl.record_head_catchup(4, 20, 20 * 0.0063)
+    assert abs(ctl.head_catchup_cost(40, 4) - 40 * 0.0063) < 1e-9
+    assert abs(ctl.head_catchup_cost(40, 8) - 40 * 0.0063) < 1e-9  # the nearest load measured
     assert ctl.next_draft_len("model", 3, load=4, missed=40, remaining=40, may_probe=False) == 0
-    assert ctl.next_draft_len("model", 3, load=4, missed=2, remaining=40) >= 1  # caught up: drafting pays again
+    assert ctl.next_draft_len("model", 3, load=4, missed=0, remaining=40) >= 1  # caught up: drafting pays again
     assert ctl.next_draft_len("model", 3, load=4, missed=40, remaining=4000) >= 1  # spread over a long answer
 
 
 def test_a_probe_of_the_in_engine_drafter_is_one_requests_not_every_asking_ones():
     # 8 requests in flight each ask the controller before the one probing has drafted: asked-for probes were all
     # taken (each paying its head's catch-up: 8 catch-ups where 1 was due, 0.66x target-only at 8 in flight)
-    ctl = _controller(probe_every=8)
+    ctl = _controller(probe_every=8, batched_steps=False)
     for _ in range(30):
         ctl.record(8, None, 0, 0, 0.100)
-    ctl.record_head_catchup(8, 11, 10 * 0.006)
+    ctl.record_head_catchup(8, 10, 10 * 0.006)
     for _ in range(600):  # long enough for a probe to be due, even with its catch-up (3.5 s of the deployment)
         ctl.record(8, None, 0, 0, 0.100)
     asked = [ctl.next_draft("model", 3, load=8, missed=30, remaining=40) for _ in range(8)]

@@ -248,7 +248,7 @@ class GoodputController(EngineCosts):
             rates = self.draft_rates(1)
             if rates is not None:  # what the probe's draft call costs the deployment: drafting alone
                 interval = max(interval, rates[0] * self._probe_len(source, MAX_POSITIONS) / PROBE_SHARE)
-        if head_missed > 1:
+        if head_missed > 0:
             interval = max(interval, self.head_catchup_cost(head_missed, load) / PROBE_SHARE)
         return float(est.clock[0] - est.last_drafted[si]) >= interval * max(1.0, float(est.probe_backoff[si]))
 
@@ -262,44 +262,47 @@ class GoodputController(EngineCosts):
         call computes when asked: the k the next iteration would draft if drafting from it pays now, the k of its
         probe if one is due, else 0. So a k = 0 stretch costs what plain steps cost, and a call drafting k pays
         for k tokens of drafting, not for `cap` (the head's steps are sequential). `missed`: the positions the head
-        has not seen, which the call asking catches it up on (priced as measured, spread over `remaining` tokens);
-        `may_probe` false: no probe now (a request's first call, whose first token it would delay). A probe is the
-        deployment's from the moment it is asked for (one request's, not every request's that asks in the meantime):
-        the asking request verifies its draft as a probe on its next iteration."""
+        has not seen beyond those a drafting call extends it over (the drafts it verifies and the token after),
+        which the call asking catches it up on (priced as measured, spread over `remaining` tokens);
+        `may_probe` false: no probe now (a request's first call, whose first token it would delay). Unbatched, a
+        probe is the deployment's from the moment it is asked for (one request's, not every request's that asks in
+        the meantime, each paying a catch-up); the asking request verifies its draft as a probe on its next call."""
         if cap <= 0:
             return Choice(None, 0)
+        # Batched (a GPU's), the catch-up is a few more tokens in a step that holds many: not priced, as before
+        missed = 0 if self.batched() else missed
         best = self._chose(self._best(load, {source: cap}, remaining=remaining, head_missed=missed))
         if best is not None and best.source == source:
             return best
         if may_probe and self._probe_due(source, load, missed):
-            si = ESTIMATE_KEYS.index(source)
-            with self.est.locked():
-                self.est.last_drafted[si] = self.est.clock[0]
-                self.est.probe_backoff[si] = min(2.0 * max(1.0, float(self.est.probe_backoff[si])), MAX_PROBE_BACKOFF)
+            if not self.batched():  # each probe pays its own catch-up: one at a time (batched, probes are cheap)
+                with self.est.locked():
+                    self.est.last_drafted[ESTIMATE_KEYS.index(source)] = self.est.clock[0]
             return Choice(source, self._probe_len(source, cap), probe=True)
         return Choice(None, 0)
 
     def record_head_catchup(self, load: int, missed: int, extra_s: float) -> None:
-        """A call of the target's own drafter that caught it up on `missed` positions took `extra_s` more than a
-        call drafting as much without a catch-up."""
-        if missed <= 1:
+        """A call of the target's own drafter that caught it up on `missed` positions (beyond those a drafting call
+        extends it over: what it verified and the token after) took `extra_s` more than a call verifying as many
+        drafts without a catch-up."""
+        if missed <= 0:
             return
         n = load_key(load)
         with self.est.locked():
-            _mean_update(self.est.head_catchup_s, self.est.head_catchup_n, (n,), max(0.0, extra_s) / (missed - 1),
+            _mean_update(self.est.head_catchup_s, self.est.head_catchup_n, (n,), max(0.0, extra_s) / missed,
                          self.settings.cost_smoothing)
             self.est.costs_version[0] += 1
 
     def head_catchup_cost(self, missed: int, load: int) -> float:
-        """Seconds the target's own drafter's catch-up on `missed` positions adds to a call (beyond the usual one),
-        at the load measured nearest; 0 until one is measured (a probe measures it)."""
-        if missed <= 1:
+        """Seconds the target's own drafter's catch-up on `missed` positions (beyond the usual) adds to a call, at
+        the load measured nearest; 0 until one is measured (a probe measures it)."""
+        if missed <= 0:
             return 0.0
         seen = np.flatnonzero(self.est.head_catchup_n)
         if not seen.size:
             return 0.0
         n = int(seen[np.argmin(np.abs(seen - load_key(load)))])
-        return float(self.est.head_catchup_s[n]) * (missed - 1)
+        return float(self.est.head_catchup_s[n]) * missed
 
     def clean_call_cost(self, k: int, load: int) -> float | None:
         """The measured seconds of a call verifying k drafts at `load` (None: none measured)."""

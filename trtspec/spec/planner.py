@@ -22,6 +22,10 @@ from trtspec.spec.controller import Choice, GoodputController
 from trtspec.spec.estimates import Estimates
 from trtspec.spec.speculative import draft_len_at_load, fixed_draft_len, plain_run
 
+# A probe of the target's own drafter verifies up to this many drafts in a row: its catch-up paid, each more costs
+# only the head's steps and the verify's rows, and one sample per catch-up left the estimate at its prior for long
+PROBE_RUN = 4
+
 # (source, running sequence, k) -> its proposal: the sources that need no engine call
 Propose = Callable[[str, Sequence[int], int], Proposal]
 
@@ -86,6 +90,7 @@ class Planner:
         # without catch-up (what drafting costs once it goes on; a call that catches up cannot tell its parts apart)
         self.follow_up: Plan | None = None
         self.announced = 0  # the target's own drafter: the k of a probe asked of it last call, verified this one
+        self.probe_run = 0  # ... and how many such probes in a row this request has verified
 
     @classmethod
     def sources_for(cls, selection: str, has_draft_model: bool, in_target: bool, disabled: bool) -> tuple[str, ...]:
@@ -132,6 +137,7 @@ class Planner:
             model = estimate_key("model")
             if announced and choice.source is None and caps.get(model, 0) > 0:
                 choice = Choice(model, min(announced, caps[model]), probe=True)
+            self.probe_run = self.probe_run + 1 if announced and choice.probe else 0
             probe = choice.probe
             if choice.source is not None:
                 source = next(s for s in usable if keys[s] == choice.source)
@@ -155,8 +161,11 @@ class Planner:
             # draft next. Through a k = 0 stretch it is asked for none, so the target does no head work; the first
             # call that asks again has the engine catch the head up on every position it missed.
             if pol.adaptive:
-                asked = self.controller.next_draft("model", k, load, missed, remaining,
+                behind = max(0, missed - (n + 1))  # what the head has not seen beyond what drafting extends it over
+                asked = self.controller.next_draft("model", k, load, behind, remaining,
                                                    may_probe=bool(self.stats.num_iterations))
+                if not asked.k and 0 < self.probe_run < PROBE_RUN:  # the head is caught up: the probe goes on
+                    asked = Choice("model", max(1, n), probe=True)
                 next_k, self.announced = asked.k, asked.k if asked.probe else 0
             else:
                 next_k = k
@@ -217,11 +226,12 @@ class Planner:
         if self.stretch is not None:  # a probe that failed does not end a stretch
             self.stretch = 0 if draft and (accepted or not plan.probe) else self.stretch + 1
         if self.in_target:
-            if plan.next_k and plan.missed > 1 and self.stats.num_iterations:
+            behind = plan.missed - (len(draft) + 1)
+            if plan.next_k and behind > 0 and self.stats.num_iterations:
                 # what the catch-up added to the call: over a call that verified as many drafts without one
                 usual = self.controller.clean_call_cost(len(draft), load)
                 if usual is not None:
-                    self.controller.record_head_catchup(load, plan.missed, verify_s - usual)
+                    self.controller.record_head_catchup(load, behind, verify_s - usual)
             if plan.next_k:  # the target's own drafter caught up on the call's positions, and drafted from its end
                 self.draft_seen = len(seq)
         elif used is not None and SOURCES[used].needs_draft_model:
