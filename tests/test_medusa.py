@@ -6,6 +6,7 @@ NVIDIA sources of the flags and parameters checked here: docs/medusa.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -224,6 +225,18 @@ CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 PROMPTS = [CHAT.format("What is the capital of France?"), CHAT.format("Write a haiku about the sea.")]
 
 
+@contextlib.contextmanager
+def fixed_tree_size(engine, size: int):
+    """The engine verifies `size` nodes every step (as ReferenceEngine(medusa_tree_size=size)), then chooses again."""
+    from trtspec.reference_engine.tree_size import TreeSize
+
+    chosen, engine.tree_size = engine.tree_size, TreeSize(engine.medusa_tree, size)
+    try:
+        yield
+    finally:
+        engine.tree_size = chosen
+
+
 def test_tree_verify_is_greedy_identical_and_keeps_only_the_accepted_path(engines, demo_pair):
     import torch
     from transformers import AutoTokenizer
@@ -237,7 +250,8 @@ def test_tree_verify_is_greedy_identical_and_keeps_only_the_accepted_path(engine
         prompt = tok(text, add_special_tokens=False)["input_ids"]
         want = plain.run(EngineRequest(prompt, 24)).new_tokens
         for name, engine in with_heads.items():
-            r = engine.run(EngineRequest(prompt, 24))
+            with fixed_tree_size(engine, len(engine.medusa_tree)):  # every step verifies the whole tree
+                r = engine.run(EngineRequest(prompt, 24))
             assert r.new_tokens == want, (name, text)
             assert r.num_drafted > 0
             accepted += r.num_accepted
@@ -264,8 +278,6 @@ def test_tree_size_chosen_by_the_engine_stays_exact(engines, demo_pair):
 
     from trtspec.reference_engine import EngineRequest
     from trtspec.reference_engine.medusa import TreeWork
-    from trtspec.reference_engine.tree_size import TreeSize
-
     plain, with_heads = engines
     tok = AutoTokenizer.from_pretrained(demo_pair.target)
     prompt = tok(PROMPTS[1], add_special_tokens=False)["input_ids"]
@@ -279,14 +291,11 @@ def test_tree_size_chosen_by_the_engine_stays_exact(engines, demo_pair):
     demo.medusa_work = TreeWork()
     assert demo.run(EngineRequest(prompt, 48)).new_tokens == want
     assert sum(1 for n in demo.medusa_work.sizes if n) >= 2  # the size changed (measuring, exploring, choosing)
-    chosen = demo.tree_size
-    try:
-        for fixed in (0, 2, 5):  # as ReferenceEngine(medusa_tree_size=fixed) makes it
-            demo.tree_size, demo.medusa_work = TreeSize(demo.medusa_tree, fixed), TreeWork()
+    for fixed in (0, 2, 5):
+        demo.medusa_work = TreeWork()
+        with fixed_tree_size(demo, fixed):
             assert demo.run(EngineRequest(prompt, 24)).new_tokens == want[:24]
-            assert demo.medusa_work.sizes[fixed] == sum(demo.medusa_work.sizes)
-    finally:
-        demo.tree_size = chosen
+        assert demo.medusa_work.sizes[fixed] == sum(demo.medusa_work.sizes)
 
 
 def test_sampling_walk_and_stops(engines, demo_pair):
