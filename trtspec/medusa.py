@@ -161,12 +161,18 @@ class Tree:
     def __len__(self) -> int:
         return len(self.paths)
 
-    def tokens(self, top: list[list[int]]) -> list[int]:
-        """The nodes' tokens from each head's best tokens (top[h] best first)."""
-        return [top[len(p) - 1][p[-1]] for p in self.paths]
+    def tokens(self, top: list[list[int]]) -> list[int | None]:
+        """The nodes' tokens from each head's best tokens (top[h] best first; None: a node of a head not run)."""
+        return [top[len(p) - 1][p[-1]] if len(p) <= len(top) else None for p in self.paths]
 
-    def children(self, node: int) -> list[int]:
-        return [i for i, p in enumerate(self.parent) if p == node]
+    def children(self, node: int, size: int | None = None) -> list[int]:
+        """Node's children (-1: the root's) among the first `size` nodes (None: all)."""
+        return [i for i, p in enumerate(self.parent[:size]) if p == node]
+
+    def prefix_depth(self, size: int) -> int:
+        """The heads the first `size` nodes read (0: the root alone). Every prefix of the nodes is a tree: a
+        parent comes before its children."""
+        return max(self.depth[:size], default=0)
 
 
 def accept(tree: Tree, nodes: list[int], choose: Any) -> list[int]:

@@ -248,6 +248,8 @@ class BatchScheduler:
         return plan
 
     def _step(self) -> None:
+        # Medusa trees are sized for the whole running batch (the rows this step will hold) before it is chunked
+        self.engine.size_trees([job.segment for job in self._active])
         plan = self._plan()
         started = time.monotonic_ns()
         try:

@@ -23,6 +23,7 @@ from trtspec.reference_engine.eagle3 import InEngineDrafter
 from trtspec.reference_engine.kv_cache import new_cache
 from trtspec import medusa as medusa_lib
 from trtspec.reference_engine.medusa import MedusaHeads, TreeWork, keep_rows
+from trtspec.reference_engine.tree_size import Proposal, TreeSize
 from trtspec.reference_engine.compiled_linear import CompiledLinear
 from trtspec.reference_engine.packed_linear import PackedLinear
 from trtspec.reference_engine.prefix_cache import PrefixCache, cache_nbytes
@@ -90,6 +91,7 @@ class ReferenceEngine:
         xgrammar_tokenizer_info: str | Path | None = None,
         medusa_heads: str | Path | None = None,
         medusa_choices: Sequence[Sequence[int]] | None = None,
+        medusa_tree_size: str | int = "auto",
     ):
         from transformers import AutoModelForCausalLM
 
@@ -120,9 +122,10 @@ class ReferenceEngine:
         self._head = lm_head_product(self.model, kernels) if self.device == "cpu" and self.draft_vocab is None else None
         # An EAGLE-3 head drafting in this engine: a request's next_draft_len asks it for the next call's draft.
         self.eagle3 = InEngineDrafter(eagle3_head, self.model, cache_entries) if eagle3_head else None
-        # Medusa heads on the target's last hidden state: every generation step verifies their tree (engine_flow's
-        # in-engine speculation; trtspec.reference_engine.medusa)
-        self.medusa = self.medusa_tree = None
+        # Medusa heads on the target's last hidden state: every generation step verifies a prefix of their tree
+        # (engine_flow's in-engine speculation; trtspec.reference_engine.medusa), as much as pays for the step's
+        # batch ("auto": trtspec.reference_engine.tree_size) or a fixed number of its nodes
+        self.medusa = self.medusa_tree = self.tree_size = None
         self.medusa_work = TreeWork()
         if medusa_heads:
             self.medusa = MedusaHeads(medusa_heads, self.model)
@@ -131,6 +134,7 @@ class ReferenceEngine:
             if problems:
                 raise medusa_lib.MedusaError(f"{medusa_heads}: " + "; ".join(problems))
             self.medusa_tree = medusa_lib.Tree.from_choices(choices)
+            self.tree_size = TreeSize(self.medusa_tree, None if medusa_tree_size == "auto" else int(medusa_tree_size))
             if self.draft_vocab is not None:
                 raise ValueError("medusa_heads: a target engine scores the whole vocabulary (no draft vocabulary)")
         if cache_bytes is None and cache_tokens:  # a budget in tokens: this model's KV bytes per token decide
@@ -165,6 +169,9 @@ class ReferenceEngine:
         """One forward pass over all segments; sets each one's logits (raw, float32) and extends its cache.
         Only the wanted rows go through the LM head: with a 49k vocabulary the head over a whole prompt
         would cost as much as the prefill itself."""
+        if self.medusa is not None:
+            self.size_trees(segments)
+            started = time.perf_counter()
         batch = RaggedBatch(segments, row_invariant=self.batch_invariant)
         ids, pos, rows = batch.inputs(self.device)
         # the head's capture hooks only on a forward where some segment wants its features
@@ -186,10 +193,44 @@ class ReferenceEngine:
                 logits = torch.full((len(rows), self.vocab_size), float("-inf"), device=scores.device)
                 logits[:, self.draft_vocab] = scores
         batch.split_logits(logits, hidden)
+        step_rows = sum(len(seg.tokens) for seg in segments)
+        if self.medusa is not None and step_rows == sum(seg.logit_rows for seg in segments):
+            # a step whose every row has logits (decode and tree rows; prefill rows skip the LM head): its time
+            # by rows prices the tree (logits are on the host by now on a CPU; a GPU is synchronized for the clock)
+            if logits.is_cuda:
+                torch.cuda.synchronize(logits.device)
+            self.tree_size.costs.record(step_rows, time.perf_counter() - started)
         if capture:
             wanted = [(seg, bounds) for seg, bounds in zip(segments, batch.bounds) if seg.capture]
             for (seg, _), feats in zip(wanted, self.eagle3.features([b for _, b in wanted])):
                 seg.features = feats
+
+    def size_trees(self, segments: list[Segment]) -> None:
+        """Before a step: how much of the Medusa tree its Medusa requests verify (one size for the step, whose cost
+        they share: TreeSize), their heads run together to that depth, and their segments extended with those
+        nodes. Segments sized already (a chunk's later pieces) are left as they are."""
+        pending = [s for s in segments if s.proposal is not None and s.proposal.tokens is None]
+        if not pending:
+            return
+        others = [s for s in segments if s.proposal is None or s.proposal.tokens is not None]
+        tree = self.medusa_tree
+        size = self.tree_size.choose([len(s.tokens) for s in pending], sum(len(s.tokens) for s in others),
+                                     sum(1 for s in others if s.logit_rows))
+        depth = tree.prefix_depth(size)
+        tops: list[list[list[int]]] = [[] for _ in pending]  # the root alone runs no head: a plain step's cost
+        if depth:
+            started = time.perf_counter()
+            tops = self.medusa.top(torch.stack([s.proposal.hidden for s in pending]), tree.topk[:depth], self._head)
+            self.tree_size.record_heads(len(pending), depth, time.perf_counter() - started)
+        for seg, top in zip(pending, tops):
+            seg.proposal.tokens, seg.proposal.size = tree.tokens(top), size
+            if not size:
+                continue  # the root alone: exactly a plain decode step's segment
+            base, root = len(seg.tokens), seg.start + len(seg.tokens) - 1
+            seg.tokens = seg.tokens + seg.proposal.tokens[:size]
+            seg.parents = [*range(-1, base - 1), *(base - 1 if p < 0 else base + p for p in tree.parent[:size])]
+            seg.positions = [*range(seg.start, seg.start + base), *(root + d for d in tree.depth[:size])]
+            seg.logit_rows = 1 + size
 
     def _rng(self, req: EngineRequest) -> np.random.Generator:
         kind = 1 if req.draft_ids else 0
@@ -345,22 +386,21 @@ class ReferenceEngine:
         result = EngineResult(tokens, input_len=n_in)
         sampling = self._sampling(req)
         log_probs: list[float] = []
-        nodes: list[int] | None = None  # the tree's tokens for this step (None: the prefill)
+        hidden = None  # the row the heads propose this step's tree from (None: the prefill)
         while True:
             segment, reuse = self._open(tokens, 1)
             base = len(segment.tokens)  # the committed tokens the cache lacks (the last: the tree's root)
-            if nodes:
-                root = len(tokens) - 1
-                segment.tokens = segment.tokens + nodes
-                segment.parents = [*range(-1, base - 1), *(base - 1 if p < 0 else base + p for p in tree.parent)]
-                segment.positions = [*range(segment.start, segment.start + base), *(root + d for d in tree.depth)]
-                segment.logit_rows = 1 + len(nodes)
             segment.want_hidden = True
+            if hidden is not None:
+                segment.proposal = Proposal(hidden)  # sized and appended before the forward (size_trees)
             if not result.computed_tokens:
                 result.reused_tokens = reuse
             yield segment
             result.computed_tokens += len(segment.tokens)
             rows = segment.logits.cpu().numpy()
+            prop = segment.proposal
+            size = prop.size if prop is not None and prop.tokens is not None else 0
+            nodes = prop.tokens[:size] if size else []
             # the walk: row 0 is the root's, row 1 + i node i's; a child holding the target's token is accepted
             path: list[int] = []
             picks: list[tuple[int, int]] = []  # (token, the row that chose it)
@@ -372,11 +412,13 @@ class ReferenceEngine:
                 picks.append((t, row))
                 if req.return_log_probs:
                     log_probs.append(self._log_prob(p, t))
-                child = next((c for c in tree.children(node) if nodes[c] == t), None) if nodes else None
+                child = next((c for c in tree.children(node, size) if nodes[c] == t), None)
                 if child is None:
                     break
                 path.append(child)
                 node, row = child, child + 1
+            if prop is not None and prop.tokens is not None:  # every node whose head ran is scored, verified or not
+                self.tree_size.acceptance.score(prop.tokens, [t for t, _ in picks], path)
             # what is emitted: up to output_len, not the end token, up to a stop word
             emitted, ended = [], False
             for t, _ in picks:
@@ -389,9 +431,9 @@ class ReferenceEngine:
                 if req.stop_words and find_stop(tokens + emitted, req.stop_words, start=n_in) is not None:
                     ended = True
                     break
-            if nodes:
-                self.medusa_work.record(len(path))
-                result.num_drafted += max(tree.depth)
+            if prop is not None:
+                self.medusa_work.record(len(path), size)
+                result.num_drafted += tree.prefix_depth(size)
                 result.num_accepted += min(len(path), len(emitted))
             # the cache keeps the committed sequence but its last token: the accepted nodes emitted before it
             kept = path[: max(0, len(emitted) - 1)]
@@ -404,7 +446,6 @@ class ReferenceEngine:
             if ended or not emitted or len(tokens) - n_in >= req.output_len:
                 break
             hidden = segment.hidden[picks[len(emitted) - 1][1]]
-            nodes = tree.tokens(self.medusa.top(hidden, tree.topk))
         if req.return_log_probs:
             result.log_probs = log_probs
         return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -32,15 +32,19 @@ class MedusaHeads(torch.nn.Module):
                    for h in range(info.num_heads)]
 
     @torch.inference_mode()
-    def top(self, hidden: torch.Tensor, k: Sequence[int]) -> list[list[int]]:
-        """Each head's k[h] best tokens for one hidden row [H] (heads past len(k) are not run)."""
-        out = []
+    def top(self, hidden: torch.Tensor, k: Sequence[int],
+            shared_head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[list[list[int]]]:
+        """Per hidden row of [B, H] (a step's requests together: one product per head for all of them), each
+        head's k[h] best tokens (heads past len(k) are not run). `shared_head`: the engine's own product for the
+        target's LM head (its kernel), where the heads share it."""
+        out: list[list[list[int]]] = [[] for _ in range(hidden.shape[0])]
         for h, kh in enumerate(k):
             x = hidden
             for w, b in zip(self.w[h], self.b[h]):
                 x = x + torch.nn.functional.silu(torch.nn.functional.linear(x, w, b))
-            logits = torch.mv(self.lm[h], x)
-            out.append(torch.topk(logits.float(), kh).indices.tolist())
+            logits = shared_head(x) if shared_head is not None and self.info.shared_lm_head else torch.mm(self.lm[h], x.t()).t()
+            for row, best in zip(out, torch.topk(logits.float(), kh).indices.tolist()):
+                row.append(best)
         return out
 
 
@@ -86,14 +90,19 @@ def materialize(heads: str | Path, target: str | Path, out: str | Path, dtype: s
 
 
 class TreeWork:
-    """The engine's tree steps: how many, and how long the accepted path was (acceptance per depth: the share of
-    steps whose path reached it)."""
+    """The engine's tree steps: how many, how long the accepted path was (acceptance per depth: the share of
+    steps whose path reached it), and how many nodes each step verified (0: the root alone, a plain step)."""
 
     def __init__(self) -> None:
-        self.steps = 0
+        self.steps = 0  # steps that verified nodes
         self.paths: list[int] = []  # entry d: steps whose accepted path was d long
+        self.sizes: list[int] = []  # entry m: steps that verified the tree's first m nodes (0 included)
 
-    def record(self, length: int) -> None:
+    def record(self, length: int, size: int) -> None:
+        self.sizes += [0] * (size + 1 - len(self.sizes))
+        self.sizes[size] += 1
+        if not size:
+            return
         self.steps += 1
         self.paths += [0] * (length + 1 - len(self.paths))
         self.paths[length] += 1

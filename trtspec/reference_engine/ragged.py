@@ -37,6 +37,9 @@ class Segment:
     positions: list[int] | None = None
     want_hidden: bool = False  # keep the last hidden state of the logit rows (`hidden`): the Medusa heads read it
     hidden: torch.Tensor | None = field(default=None, repr=False)
+    # Medusa: the tree this step may verify, sized and appended by the engine before the forward
+    # (trtspec.reference_engine.tree_size.Proposal); None: not a Medusa step
+    proposal: Any = field(default=None, repr=False)
 
     def ancestry(self, j: int) -> list[int]:
         """Row j's ancestors and itself, root side first (rows of this segment)."""

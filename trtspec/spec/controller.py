@@ -14,18 +14,11 @@ import numpy as np
 
 from trtspec.spec.drafters import ESTIMATE_KEYS
 from trtspec.spec.engine_costs import ALONE, EngineCosts, needs_draft_model
-from trtspec.spec.estimates import MAX_POSITIONS, MAX_STEP_TOKENS, Estimates, load_key
+from trtspec.spec.estimates import MAX_POSITIONS, MAX_STEP_TOKENS, Estimates, load_key, mean_update
 
 SHARED_MARGIN = 0.03  # the least gain, at a shared load, for which the deployment drafts
 PROBE_SHARE = 0.05  # the most of the deployment's time a source's probes may cost it (their draft calls)
 MAX_PROBE_BACKOFF = 4.0  # failed probes space the next ones out, up to this many times
-
-
-def _mean_update(means: np.ndarray, counts: np.ndarray, index: tuple, value: float, smoothing: float) -> None:
-    """A running mean that becomes an exponential one after 1/smoothing samples (tracks load and context)."""
-    counts[index] += 1
-    weight = max(1.0 / counts[index], smoothing)
-    means[index] += weight * (value - means[index])
 
 
 @dataclass(frozen=True)
@@ -376,10 +369,10 @@ class GoodputController(EngineCosts):
                 est.last_drafted[ESTIMATE_KEYS.index(source)] = est.clock[0]
             est.costs_version[0] += verify_s is not None or (draft_s is not None and source is not None)
             if verify_s is not None:
-                _mean_update(est.verify_s, est.verify_n, (proposed, n), verify_s, st.cost_smoothing)
+                mean_update(est.verify_s, est.verify_n, (proposed, n), verify_s, st.cost_smoothing)
                 # alone, the (k, load) curve is the step's own; a step past the table is not priced at its end
                 if step_tokens and n != ALONE and step_tokens <= MAX_STEP_TOKENS:
-                    _mean_update(est.step_s, est.step_n, (step_tokens,), verify_s, st.cost_smoothing)
+                    mean_update(est.step_s, est.step_n, (step_tokens,), verify_s, st.cost_smoothing)
             if source is None or not proposed:
                 return
             si = ESTIMATE_KEYS.index(source)

@@ -112,6 +112,13 @@ class Estimates:
                 self.stepping[0] -= tokens
 
 
+def mean_update(means: np.ndarray, counts: np.ndarray, index: tuple, value: float, smoothing: float) -> None:
+    """A running mean that becomes an exponential one after 1/smoothing samples (tracks load and context)."""
+    counts[index] += 1
+    weight = max(1.0 / counts[index], smoothing)
+    means[index] += weight * (value - means[index])
+
+
 def nonzero(shared: np.ndarray) -> np.ndarray:
     """np.flatnonzero of a copy: another loop process may update the shared estimates while they are read, and
     numpy's nonzero fails when the count changes under it."""

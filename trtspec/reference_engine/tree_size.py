@@ -1,0 +1,158 @@
+"""How much of the Medusa tree a step verifies: a prefix of its nodes (in medusa_choices' order, so every prefix
+is a tree), from 0 (the root alone: a plain step) to all of them, the one that maximises the step's expected
+tokens per second for its whole batch.
+
+* Acceptance, measured online per node: how often the target's token after a node's parent was the node's token,
+  among steps whose walk reached that parent. Every node whose head ran is scored, verified or not (its parent's
+  row says what the target chose there), so a head's nodes learn from every step that runs it.
+* Cost: a forward's seconds by the rows in it, measured by the engine on its own steps whose every row has logits
+  (the tree steps), kept and read as the controller keeps and reads a target step by its tokens
+  (trtspec.spec.estimates.Estimates.step_s, trtspec.spec.engine_costs.EngineCosts.step_slope); and the heads'
+  seconds per head by the requests they ran for together.
+* Exploration: every EXPLORE_EVERY-th step verifies down to one head deeper than the choice, so the next head's
+  nodes are scored and a larger step is timed; while fewer than two row counts are timed near the step, it
+  verifies the prefix whose row count is farthest from those timed (the whole tree first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trtspec.medusa import Tree
+from trtspec.spec.engine_costs import EngineCosts
+from trtspec.spec.estimates import MAX_STEP_TOKENS, Estimates, mean_update, nonzero
+
+EXPLORE_EVERY = 16  # steps: 1 in 16 verifies one head deeper than chosen
+ACCEPTANCE_WINDOW = 256  # a node's acceptance is a mean over about its last this-many scores
+PRIOR = 0.5  # a node's acceptance before it is scored, worth one score
+COST_SMOOTHING = 0.1  # as the controller's cost_smoothing default: a new step's weight once 10 are timed
+
+
+@dataclass
+class Proposal:
+    """A Medusa request's tree for its next step: the hidden row the heads read; the engine fills in the rest
+    before the forward (TreeSize.choose, ReferenceEngine.size_trees)."""
+
+    hidden: Any  # torch.Tensor [H]
+    tokens: list[int | None] | None = field(default=None, repr=False)  # every node's token (None: its head not run)
+    size: int = 0  # the nodes verified: the tree's first `size`
+
+
+class NodeAcceptance:
+    """Per node, the share of scores that accepted it given its parent was (decayed: recent steps weigh more)."""
+
+    def __init__(self, tree: Tree):
+        self.tree = tree
+        self.hits = np.zeros(len(tree))
+        self.seen = np.zeros(len(tree))
+
+    def score(self, tokens: list[int | None], picks: list[int], path: list[int]) -> None:
+        """A step's walk: picks[d] is the target's token after the root (d = 0) or path[d - 1]; every known child
+        of those is scored against it."""
+        keep = 1.0 - 1.0 / ACCEPTANCE_WINDOW
+        parent = -1
+        for d, t in enumerate(picks):
+            for c in self.tree.children(parent):
+                if tokens[c] is not None:
+                    self.hits[c] = self.hits[c] * keep + (tokens[c] == t)
+                    self.seen[c] = self.seen[c] * keep + 1.0
+            if d >= len(path):
+                break
+            parent = path[d]
+
+    def expected(self) -> list[float]:
+        """Per node, the chance the walk accepts it (its and its ancestors' conditional acceptance)."""
+        cond = (self.hits + PRIOR) / (self.seen + 1.0)
+        out: list[float] = []
+        for i, p in enumerate(self.tree.parent):
+            out.append(float(cond[i]) * (out[p] if p >= 0 else 1.0))
+        return out
+
+
+class StepCosts:
+    """A forward's seconds by its rows, timed by the engine on steps whose every row has logits."""
+
+    def __init__(self) -> None:
+        self.est = Estimates()
+        self.read = EngineCosts(self.est, None)
+
+    def record(self, rows: int, seconds: float) -> None:
+        if 0 < rows <= MAX_STEP_TOKENS:
+            mean_update(self.est.step_s, self.est.step_n, (rows,), seconds, COST_SMOOTHING)
+            self.est.costs_version[0] += 1
+
+    def timed(self) -> np.ndarray:
+        return nonzero(self.est.step_n)
+
+    def seconds(self, rows: int) -> float | None:
+        """A step of `rows`: as timed, else from the nearest timed row count along the slope of the steps timed
+        around the two (or of all those timed where too few are near); None: fewer than two timed."""
+        timed = self.timed()
+        if timed.size == 0:
+            return None
+        near = int(timed[np.argmin(np.abs(timed - rows))])
+        if near == rows:
+            return float(self.est.step_s[rows])
+        slope = self.read.step_slope(min(near, rows), max(near, rows))
+        if slope is None and timed.size >= 2:
+            slope = self.read.step_slope(int(timed[0]), int(timed[-1]))
+        return None if slope is None else float(self.est.step_s[near]) + slope * (rows - near)
+
+
+class TreeSize:
+    """The engine's choice of how many of the tree's nodes each step verifies (`fixed`: always that many)."""
+
+    def __init__(self, tree: Tree, fixed: int | None = None):
+        self.tree, self.fixed = tree, fixed
+        self.acceptance = NodeAcceptance(tree)
+        self.costs = StepCosts()
+        self.head_s: dict[int, float] = {}  # requests run together -> seconds of one head for them
+        self.steps = 0
+
+    def record_heads(self, batch: int, heads: int, seconds: float) -> None:
+        if heads:
+            per_head = seconds / heads
+            old = self.head_s.get(batch)
+            self.head_s[batch] = per_head if old is None else old + COST_SMOOTHING * (per_head - old)
+
+    def heads_seconds(self, batch: int) -> float:
+        """One head's seconds for `batch` requests: as timed at the nearest batch (0 before any)."""
+        if not self.head_s:
+            return 0.0
+        return self.head_s[min(self.head_s, key=lambda b: (abs(b - batch), b))]
+
+    def rates(self, own_rows: list[int], other_rows: int = 0, other_tokens: int = 0) -> list[float] | None:
+        """Expected tokens per second of the step for each prefix size 0..len(tree): `own_rows` the committed rows
+        of each Medusa request in it (1: the root), `other_rows` / `other_tokens` the rows of the step's other
+        requests and the tokens they take (one per request with logits); None: the costs cannot say yet."""
+        b, base = len(own_rows), other_rows + sum(own_rows)
+        gain = np.concatenate([[0.0], np.cumsum(self.acceptance.expected())])
+        heads = self.heads_seconds(b)
+        out = []
+        for m in range(len(self.tree) + 1):
+            step = self.costs.seconds(base + b * m)
+            if step is None:
+                return None
+            out.append((other_tokens + b * (1.0 + gain[m])) / max(step + heads * self.tree.prefix_depth(m), 1e-9))
+        return out
+
+    def choose(self, own_rows: list[int], other_rows: int = 0, other_tokens: int = 0) -> int:
+        if self.fixed is not None:
+            return min(self.fixed, len(self.tree))
+        self.steps += 1
+        n, b, base = len(self.tree), len(own_rows), other_rows + sum(own_rows)
+        rates = self.rates(own_rows, other_rows, other_tokens)
+        if rates is None:  # time the row count farthest from those timed: two are needed for a slope
+            timed = self.costs.timed()
+            if timed.size == 0:
+                return n
+            return max(range(n + 1), key=lambda m: (int(np.min(np.abs(timed - (base + b * m)))), m))
+        best = int(np.argmax(rates))  # the first of equals: the smaller tree
+        if self.steps % EXPLORE_EVERY == 0:
+            deeper = [i for i, d in enumerate(self.tree.depth) if d > self.tree.prefix_depth(best)]
+            if deeper:
+                best = deeper[0] + 1
+        return best
