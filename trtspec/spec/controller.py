@@ -282,7 +282,7 @@ class GoodputController(EngineCosts):
             return
         n = load_key(load)
         with self.est.locked():
-            _mean_update(self.est.head_catchup_s, self.est.head_catchup_n, (n,), max(0.0, extra_s) / missed,
+            mean_update(self.est.head_catchup_s, self.est.head_catchup_n, (n,), max(0.0, extra_s) / missed,
                          self.settings.cost_smoothing)
             self.est.costs_version[0] += 1
 
