@@ -268,9 +268,12 @@ class GoodputController(EngineCosts):
         if best is not None and best.source == source:
             return best
         if may_probe and self._probe_due(source, load, missed):
-            if not self.batched():  # each probe pays its own catch-up: one at a time (batched, probes are cheap)
+            if not self.batched():  # each probe pays its own catch-up: one at a time, spaced out as they fail
+                si = ESTIMATE_KEYS.index(source)  # (batched, probes are cheap and several together learn faster)
                 with self.est.locked():
-                    self.est.last_drafted[ESTIMATE_KEYS.index(source)] = self.est.clock[0]
+                    self.est.last_drafted[si] = self.est.clock[0]
+                    self.est.probe_backoff[si] = min(2.0 * max(1.0, float(self.est.probe_backoff[si])),
+                                                     MAX_PROBE_BACKOFF)
             return Choice(source, self._probe_len(source, cap), probe=True)
         return Choice(None, 0)
 
