@@ -133,9 +133,8 @@ class GoodputController(EngineCosts):
                     continue  # unmeasured: a probe measures it
                 draft = self.draft_costs(kmax, load, rates=rates)
                 marginal = self.marginal_draft_costs(kmax, load, rates) if n != ALONE and self.batched() else draft
-                catchup = self.catchup_cost(max(0, missed - 2), load, rates)
-            if head_missed:
-                catchup = self.head_catchup_cost(head_missed, load)
+                catchup = self.head_catchup_cost(head_missed, load) if head_missed else \
+                    self.catchup_cost(max(0, missed - 2), load, rates)
 
             def values(acceptance: list[float], draft: list[float], catchup: float,
                        over: int | float | None = remaining) -> list[float]:
@@ -269,11 +268,7 @@ class GoodputController(EngineCosts):
             return best
         if may_probe and self._probe_due(source, load, missed):
             if not self.batched():  # each probe pays its own catch-up: one at a time, spaced out as they fail
-                si = ESTIMATE_KEYS.index(source)  # (batched, probes are cheap and several together learn faster)
-                with self.est.locked():
-                    self.est.last_drafted[si] = self.est.clock[0]
-                    self.est.probe_backoff[si] = min(2.0 * max(1.0, float(self.est.probe_backoff[si])),
-                                                     MAX_PROBE_BACKOFF)
+                self._mark_probe(source)  # (batched, probes are cheap and several together learn faster)
             return Choice(source, self._probe_len(source, cap), probe=True)
         return Choice(None, 0)
 
@@ -294,16 +289,22 @@ class GoodputController(EngineCosts):
         the load measured nearest; 0 until one is measured (a probe measures it)."""
         if missed <= 0:
             return 0.0
-        seen = np.flatnonzero(self.est.head_catchup_n)
-        if not seen.size:
-            return 0.0
-        n = int(seen[np.argmin(np.abs(seen - load_key(load)))])
-        return float(self.est.head_catchup_s[n]) * missed
+        n = self._nearest_load(self.est.head_catchup_n[None, :], load_key(load))
+        return 0.0 if n is None else float(self.est.head_catchup_s[n]) * missed
 
     def clean_call_cost(self, k: int, load: int) -> float | None:
         """The measured seconds of a call verifying k drafts at `load` (None: none measured)."""
         n = load_key(load)
         return float(self.est.verify_s[k, n]) if self.est.verify_n[k, n] else None
+
+    def _mark_probe(self, source: str) -> None:
+        """A probe of `source` taken: the next is due an interval from now, twice as far while they fail (drafting
+        chosen resets it; prompt lookup's probes cost a verify row, no engine step, and are not spaced out)."""
+        si = ESTIMATE_KEYS.index(source)
+        with self.est.locked():
+            self.est.last_drafted[si] = self.est.clock[0]
+            if needs_draft_model(source):
+                self.est.probe_backoff[si] = min(2.0 * max(1.0, float(self.est.probe_backoff[si])), MAX_PROBE_BACKOFF)
 
     def _probe_len(self, source: str, cap: int) -> int:
         """A probe drafts through the positions believed good (acceptance >= 0.5) and one more."""
@@ -329,16 +330,12 @@ class GoodputController(EngineCosts):
         if best.source is not None:
             est.probe_backoff[ESTIMATE_KEYS.index(best.source)] = 1.0
         for source, cap in candidates.items():
-            si = ESTIMATE_KEYS.index(source)
             # prompt lookup's acceptance is learnt without drafting (observe), and what its rows cost is measured
             # alone (row_costs): with others in flight a probe of it would learn nothing and lengthen their step
             if not needs_draft_model(source) and load_key(load) != ALONE:
                 continue
             if may_probe and source != best.source and cap > 0 and self._probe_due(source, load):
-                with est.locked():
-                    est.last_drafted[si] = est.clock[0]
-                    if needs_draft_model(source):  # prompt lookup's probes cost a verify row, no engine step
-                        est.probe_backoff[si] = min(2.0 * max(1.0, float(est.probe_backoff[si])), MAX_PROBE_BACKOFF)
+                self._mark_probe(source)
                 return Choice(source, self._probe_len(source, cap), probe=True)
         return best
 
