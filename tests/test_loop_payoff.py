@@ -123,7 +123,7 @@ def test_a_request_learns_its_prompt_lookups_pay_without_drafting_them(demo_pair
         # the tokens, not on how busy the machine is (or how warm: run alone, the first calls are slower)
         record = GoodputController.record
         monkeypatch.setattr(GoodputController, "record",
-                            lambda self, load, key, proposed, accepted, *timings: record(self, load, key, proposed,
+                            lambda self, load, key, proposed, accepted, *timings, **kw: record(self, load, key, proposed,
                                                                                          accepted, None, None))
         settings = loop_settings(draft_length_policy="adaptive", num_draft_tokens=4)
         spec = SpeculativeLoop(settings, Counted(demo_untrained), estimates=estimates)
@@ -175,3 +175,21 @@ def test_the_controller_asks_eagle3_in_the_target_for_full_drafts_only_when_it_m
     assert full <= stats.num_drafts + stats.num_iterations // 8 + 2, (asked, stats.draft_len_counts)
     plain = stats.draft_len_counts[0]
     assert asked.count(0) >= plain - stats.num_iterations // 8 - 2, (asked, stats.draft_len_counts)  # stretches ask none
+
+
+def test_a_first_call_counts_its_prompt_among_the_tokens_in_the_step(tiny):
+    # what the steps are measured by: the tokens the engine computes at once. A request's first call has it prefill
+    # the prompt, so a call in the same step runs in a step of that many more tokens (counted as 1, the steps a
+    # prompt's catch-up is priced by read as costing far more than their tokens)
+    counted = []
+
+    class Spy(Estimates):
+        def target_call(self, tokens):
+            counted.append(tokens)
+            return super().target_call(tokens)
+
+    settings = loop_settings(draft_length_policy="adaptive", draft_source="ngram", num_draft_tokens=4)
+    spec = SpeculativeLoop(settings.model_copy(update={"draft_model": None}), Counted(tiny), estimates=Spy())
+    _, stats = _run(spec, prompt=[0, 3, 4, 5, 3, 4, 7, 8], max_tokens=24, stream=True)
+    assert len(counted) == stats.num_iterations and counted[0] == 8  # the prompt, no draft on a first call
+    assert all(1 <= c <= 5 for c in counted[1:])  # a token and its draft of at most 4

@@ -5,6 +5,8 @@ The matrix below is the never-slower bar on a GPU: in every cell the controller 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -319,3 +321,40 @@ def test_a_prompts_catch_up_is_priced_as_the_steps_grow_with_tokens_not_at_a_pro
         priced = ctl.draft_costs(1, 8, missed=missed)[1] - ctl.draft_costs(1, 8)[1]
         # a line through every call's catch-up prices 20 tokens at 74 us (free here) and 600 at 2.5 ms (3.8)
         assert priced < 2e-5 if rel is None else priced == pytest.approx(truth, rel=rel), (missed, priced, truth)
+
+
+def test_a_draft_fit_whose_calls_cannot_tell_drafting_from_catch_up_is_not_extrapolated():
+    # Probes after a pause all draft one token and catch up on a whole prompt (m = 257..285): a line through them
+    # extrapolates to m = 0 far below any call measured (0.56 ms a drafted token where a draft step costs 1.66 on
+    # the first-principles H100), and a deployment drafting on that price drafts at acceptance 0.25 where it loses
+    # (measured: c = 32, weak, 0.972x target-only). Such calls say what drafting and catching up cost together.
+    ctl = GoodputController(Estimates(), AdaptivePolicy())
+    ctl.record(1, None, 0, 0, 0.0072)
+    for m in (257, 285, 269, 271, 263):
+        ctl.record(1, "model", 1, 0, 0.0072, draft_s=0.00185 + 5e-6 * (m - 257), missed=m + 2)
+    a, _ = ctl.draft_rates(1)
+    assert a >= 0.00166
+
+
+def test_a_cold_deployment_prices_a_prompts_catch_up_by_the_steps_its_prompts_ran_in():
+    # A cold deployment of 16 requests: nothing drafts, so no verify shows a step longer than a plain one, and the
+    # draft model's catch-up of each prompt was priced at the rate a probe's short catch-up measured (37.7 us a
+    # token where a prompt's costs ~5): seed 3 stayed at k = 0 for most of the run, 0.79x the best fixed k. A
+    # batched deployment's first calls are steps carrying the prompts, measured by their tokens as any step.
+    from trtspec.bench.costs import GridCosts
+
+    costs = GridCosts.from_file(Path(__file__).parent.parent / "docs/benchmarks/data/gpu-h100/steps.json")
+    run = {name: simulate(costs, Policy.parse(name), constant(16), PROFILES["strong"], requests=48, max_tokens=96,
+                          seed=3) for name in ("2", "controller:4")}
+    assert run["controller:4"].tokens_per_s / run["2"].tokens_per_s >= 0.95
+
+
+def test_warmup_and_seeds_pool_runs_and_leave_the_cold_start_out():
+    cold = run_matrix(H100, (16,), ("strong",), (2,), 4, requests=32, max_tokens=48, seeds=2)[0]
+    warm = run_matrix(H100, (16,), ("strong",), (2,), 4, requests=32, max_tokens=48, seeds=2, warmup=1)[0]
+    one = run_matrix(H100, (16,), ("strong",), (2,), 4, requests=32, max_tokens=48, seed=1)[0]
+    assert len(cold.seeds) == 2 and cold.results["k=2"].tokens == sum(r["k=2"].tokens for r in cold.seeds)
+    assert cold.seeds[1]["controller, k <= 4"].tokens_per_s == one.results["controller, k <= 4"].tokens_per_s
+    # a fixed k has nothing to learn: the same speed warm or cold; the controller learns in its first wave
+    assert warm.results["k=2"].tokens_per_s == pytest.approx(cold.results["k=2"].tokens_per_s, rel=0.05)
+    assert warm.ratios("controller, k <= 4")[1] > cold.ratios("controller, k <= 4")[1]

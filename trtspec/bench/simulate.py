@@ -37,7 +37,8 @@ class _Call:
     verify_s: float = 0.0
     prefill: int = 0  # prompt tokens still to prefill (a new request's first call), max_num_tokens a step
     batch: int = 1  # requests in the draft engine's call together
-    tokens: int = 0  # tokens in the target's (last) step
+    tokens: int = 0  # the most tokens in target calls at once during the call, counted as the loop counts them
+    counted: int = 1  # the tokens the loop counts for this call (Estimates.target_call): its prompt, or 1, and its draft
     catchup: int = 0  # tokens the draft engine's call caught up on, for every request in it
 
 
@@ -57,17 +58,21 @@ def simulate(
     seed: int = 0,
     max_num_tokens: int = 8192,
     concurrency_label: str = "",
+    warmup: int = 0,
 ) -> CellResult:
     """Runs `requests` requests through the planner under `policy` and returns what they produced in how long.
     `in_engine`: the drafter is the target engine's own (EAGLE-3): no draft-model calls; drafting k for the next
     call adds k head steps to the target's step. Each request's max_tokens is drawn from 0.5-1.5x `max_tokens`, so
     that requests do not all end (and new ones arrive) in the same step; `max_num_tokens`: the most tokens a target
-    step holds (prompts are prefilled in chunks of what is left)."""
+    step holds (prompts are prefilled in chunks of what is left); `warmup`: requests run first and not counted (the
+    deployment's estimates carry over): what a deployment that has run a while makes of the `requests` after them."""
     spec = spec or SpeculativeConfig.of(max(policy.k, 1), policy.k,
                                         draft_length_policy="adaptive" if policy.adaptive else "fixed")
     rng = np.random.default_rng(seed)
     estimates = Estimates()
     result = CellResult(policy.name, concurrency_label, acceptance.name)
+    uncounted = CellResult(policy.name, concurrency_label, acceptance.name)
+    total = requests + warmup
     started, finished = 0, 0
     active: list[SyntheticRequest] = []
     sources = ("model",) if policy.k else ()
@@ -76,8 +81,8 @@ def simulate(
 
     def admit() -> None:
         nonlocal started
-        want = schedule(finished / requests)
-        while len(active) < want and started < requests:
+        want = schedule(max(finished - warmup, 0) / requests)
+        while len(active) < want and started < total:
             n = int(rng.integers(max_tokens // 2, max_tokens * 3 // 2 + 1))
             planner = Planner(spec, estimates, dataclasses.replace(pol, max_tokens=n), sources,
                               in_target=in_engine and bool(sources))
@@ -87,12 +92,13 @@ def simulate(
     admit()
     while active:
         load = len(active)
-        progress = finished / requests
+        progress = max(finished - warmup, 0) / requests
+        counted = result if finished >= warmup else uncounted
         _plan_iterations(active, load, progress, acceptance)
         draft_wall = _draft_engine_steps(active, costs)
         step = _target_step(active, costs, load, max_num_tokens)
-        result.seconds += draft_wall + step
-        _answer_calls(active, step, acceptance, progress, result)
+        counted.seconds += draft_wall + step
+        _answer_calls(active, step, acceptance, progress, counted)
         gone = [r for r in active if r.done]
         if gone:
             finished += len(gone)
@@ -109,8 +115,9 @@ def _plan_iterations(active: list[SyntheticRequest], load: int, progress: float,
         plan = r.planner.plan(load, r.seq, r.propose)
         draft = r.draft(plan.k, acceptance, progress) if plan.calls_draft_model else list(plan.tokens or [])
         remaining = r.max_tokens - (len(r.seq) - r.prompt)
+        first = len(r.seq) == r.prompt
         r.call = _Call(plan, draft, 1 if draft else min(plan.plain, remaining), load,
-                       prefill=r.prompt if len(r.seq) == r.prompt else 0)
+                       prefill=r.prompt if first else 0, counted=(r.prompt if first else 1) + len(draft))
 
 
 def _draft_engine_steps(active: list[SyntheticRequest], costs: Costs) -> float:
@@ -151,8 +158,9 @@ def _target_step(active: list[SyntheticRequest], costs: Costs, load: int, max_nu
         budget -= chunk
         tokens += chunk
     context = sum(len(r.seq) for r in active)
+    held = sum(r.call.counted for r in active)  # what the loop's calls count: it knows no chunking, nor who is in a step
     for r in active:
-        r.call.tokens = tokens
+        r.call.tokens = max(r.call.tokens, held)
     return costs.target_step(load, tokens, context) + head_k * costs.head_step(load)
 
 
@@ -184,7 +192,12 @@ class Cell:
 
     concurrency: str
     profile: str
-    results: dict[str, CellResult]
+    results: dict[str, CellResult]  # every seed's run pooled into one
+    seeds: list[dict[str, CellResult]] = dataclasses.field(default_factory=list)  # each seed's, where several
+
+    def seed_ratios(self, policy: str) -> list[tuple[float, float]]:
+        """`policy`'s (vs target-only, vs the best fixed k) in each seed's run on its own."""
+        return [Cell(self.concurrency, self.profile, r).ratios(policy) for r in self.seeds] or [self.ratios(policy)]
 
     @property
     def baseline(self) -> float:
@@ -203,6 +216,9 @@ class Cell:
     def to_dict(self) -> dict:
         best, _ = self.best_fixed()
         return {"concurrency": self.concurrency, "profile": self.profile, "best_fixed": best,
+                "seeds": len(self.seeds) or 1,
+                "controller_by_seed": [list(r) for r in self.seed_ratios(next(n for n in self.results
+                                                                              if n.startswith("controller")))],
                 "policies": {n: {**r.to_dict(), "vs_target_only": self.ratios(n)[0], "vs_best_fixed": self.ratios(n)[1]}
                              for n, r in self.results.items()}}
 
@@ -220,13 +236,18 @@ def run_matrix(
     max_tokens: int = 96,
     prompt: int = 256,
     seed: int = 0,
+    seeds: int = 1,
+    warmup: int = 0,
     progress: Callable[[str], None] = lambda line: None,
 ) -> list[Cell]:
     """Every (concurrency, profile) cell: target-only, each fixed k and the controller (at most controller_k).
     A concurrency is a number of requests in flight, or "ramp:N" (1 -> N -> 1). Each cell runs at least
     `requests` requests, and twice its concurrency, so that requests arrive and leave throughout. A profile is a
     PROFILES name or an Acceptance. `overlapped`: run the engines overlapping (trtspec.bench.overlapped), with
-    these keyword arguments of simulate_overlapped (call_s, stream, max_batch)."""
+    these keyword arguments of simulate_overlapped (call_s, stream, max_batch). `seeds`: runs of seeds seed,
+    seed + 1, ... pooled into one longer run per policy (each seed's kept too: a learning controller's cells vary
+    with the draws more than a fixed k's); `warmup`: waves of requests (the concurrency's each) run first and not
+    counted, so that the cell is a deployment that has run a while (lock step only)."""
 
     policies = [Policy.parse("target-only"), *(Policy.parse(str(k)) for k in fixed_k if k),
                 Policy.parse(f"controller:{controller_k}")]
@@ -240,19 +261,33 @@ def run_matrix(
             schedule, n_requests = constant(int(text)), max(requests, 2 * int(text))
         for profile in profiles:
             acceptance = profile if isinstance(profile, Acceptance) else PROFILES[profile]
-            results = {}
-            for policy in policies:
-                common = dict(requests=n_requests, max_tokens=max_tokens, prompt=prompt, seed=seed,
-                              concurrency_label=text)
-                if overlapped is not None:
-                    results[policy.name] = simulate_overlapped(costs, policy, schedule, acceptance, **common,
-                                                               **overlapped)
-                else:
-                    results[policy.name] = simulate(costs, policy, schedule, acceptance, in_engine=in_engine, **common)
-            cell = Cell(text, acceptance.name, results)
+            runs = []
+            for s in range(seed, seed + seeds):
+                results = {}
+                for policy in policies:
+                    common = dict(requests=n_requests, max_tokens=max_tokens, prompt=prompt, seed=s,
+                                  concurrency_label=text)
+                    if overlapped is not None:
+                        results[policy.name] = simulate_overlapped(costs, policy, schedule, acceptance, **common,
+                                                                   **overlapped)
+                    else:
+                        results[policy.name] = simulate(costs, policy, schedule, acceptance, in_engine=in_engine,
+                                                        warmup=warmup * (peak if text.startswith("ramp:") else
+                                                                         int(text)), **common)
+                runs.append(results)
+            pooled = {n: dataclasses.replace(r, k_counts=list(r.k_counts)) for n, r in runs[0].items()}
+            for results in runs[1:]:
+                for n, r in results.items():
+                    pooled[n].add(r)
+            cell = Cell(text, acceptance.name, pooled, runs if seeds > 1 else [])
             cells.append(cell)
             ctl = next(n for n in results if n.startswith("controller"))
             vs_base, vs_best = cell.ratios(ctl)
+            spread = ""
+            if seeds > 1:
+                by_seed = cell.seed_ratios(ctl)
+                spread = (f" (seeds at worst {min(r[0] for r in by_seed):.2f}x, "
+                          f"{min(r[1] for r in by_seed):.2f}x)")
             progress(f"c={text:>8} {cell.profile:28s} best fixed {cell.best_fixed()[0]:11s} "
-                     f"controller {vs_base:.2f}x target-only, {vs_best:.2f}x the best fixed k")
+                     f"controller {vs_base:.2f}x target-only, {vs_best:.2f}x the best fixed k{spread}")
     return cells

@@ -97,6 +97,14 @@ class CellResult:
         self.k_counts[len(draft)] += 1
         self.tokens += added
 
+    def add(self, other: "CellResult") -> None:
+        """Pools another run of the same cell (another seed) into this one: one longer run."""
+        for name in ("tokens", "seconds", "iterations", "drafted", "draft_tokens", "accepted"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        width = max(len(self.k_counts), len(other.k_counts))
+        self.k_counts = [a + b for a, b in zip(self.k_counts + [0] * (width - len(self.k_counts)),
+                                               other.k_counts + [0] * (width - len(other.k_counts)))]
+
     def to_dict(self) -> dict:
         return {
             "policy": self.policy, "concurrency": self.concurrency, "profile": self.profile, "tokens": self.tokens,

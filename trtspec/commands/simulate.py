@@ -43,6 +43,7 @@ Examples:
   trtspec simulate --costs target.json --draft-costs draft.json --concurrency 1,4,8
   trtspec simulate --method eagle3 --target llama-3.1-8b
   trtspec simulate --costs docs/benchmarks/data/gpu-h100/steps.json --method eagle3
+  trtspec simulate --costs docs/benchmarks/data/gpu-h100/steps.json --seeds 4 --warmup 1
   trtspec simulate --costs target.json --draft-costs draft.json --engines overlapped --prompt 60 \\
       --max-tokens 32 --acceptance 0.6,0.55,0.5,0.45 --concurrency 1,4,8 --fixed-k 1,2,4
 """
@@ -75,13 +76,19 @@ Examples:
               help="Mean tokens a request generates (each draws 0.5-1.5x).")
 @click.option("--prompt", type=click.IntRange(1), default=256, show_default=True, help="Prompt tokens.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seeds", type=click.IntRange(1), default=1, show_default=True,
+              help="Run each cell with this many seeds from --seed, pooled into one longer run; the worst seed is "
+                   "printed beside it (a learning controller's cells vary with the draws more than a fixed k's).")
+@click.option("--warmup", type=click.IntRange(0), default=0, show_default=True,
+              help="Waves of requests (the concurrency's each) run first and not counted: a deployment that has run "
+                   "a while (its estimates carry over) instead of a cold one. Lock step only.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write every cell's figures here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a plot (PNG) of the controller's ratios here.")
 def command(costs: str, draft_costs: Path | None, target: str, draft: str, method: str, concurrency: str,
             profiles: str, acceptance: str | None, engines: str, call_ms: float, fixed_k: str, max_draft: int, requests: int, max_tokens: int, prompt: int, seed: int,
-            json_path: Path | None, plot_path: Path | None) -> None:
+            seeds: int, warmup: int, json_path: Path | None, plot_path: Path | None) -> None:
     from trtspec.bench.costs import GPU_PEAKS, EngineCurve, GpuCosts, GridCosts, MeasuredCosts, Shape
     from trtspec.bench.simulate import run_matrix
     from trtspec.bench.workload import PROFILES, Acceptance
@@ -134,14 +141,18 @@ def command(costs: str, draft_costs: Path | None, target: str, draft: str, metho
         click.echo(f"  {line}")
     ks = [int(k) for k in fixed_k.split(",") if k.strip()]
     overlapped = dict(call_s=call_ms / 1e3) if engines == "overlapped" else None
+    if warmup and overlapped is not None:
+        raise click.UsageError("--warmup runs in lock step; leave it out with --engines overlapped")
     cells = run_matrix(model, concurrency.split(","), chosen, ks, max_draft, in_engine=in_engine, overlapped=overlapped,
-                       requests=requests, max_tokens=max_tokens, prompt=prompt, seed=seed, progress=click.echo)
+                       requests=requests, max_tokens=max_tokens, prompt=prompt, seed=seed, seeds=seeds, warmup=warmup,
+                       progress=click.echo)
     worst = min(c.ratios(next(n for n in c.results if n.startswith("controller")))[0] for c in cells)
     worst_best = min(c.ratios(next(n for n in c.results if n.startswith("controller")))[1] for c in cells)
     click.echo(f"controller: at worst {worst:.2f}x target-only, {worst_best:.2f}x the best fixed k in hindsight")
     if json_path:
         json_path.write_text(json.dumps({"costs": model.name, "assumptions": model.assumptions(), "method": method,
-                                         "engines": engines, "call_ms": call_ms,
+                                         "engines": engines, "call_ms": call_ms, "seed": seed, "seeds": seeds,
+                                         "warmup": warmup,
                                          "cells": [c.to_dict() for c in cells]}, indent=1))
         click.echo(f"wrote {json_path}")
     if plot_path:

@@ -353,13 +353,15 @@ class GoodputController(EngineCosts):
         elapsed_s: float | None = None,
         step_tokens: int | None = None,
         draft_missed: int | None = None,
+        prefill_s: float | None = None,
     ) -> None:
         """One iteration: `proposed` tokens from `source` (None: none), `accepted` of them; the verify call's seconds
         per step (None: not a clean sample, e.g. the request's first call with its prefill) and the draft-model
         call's; `steps`: the target's steps in the call (a plain run's tokens); `draft_batch`: the requests that
         were in draft-model calls together with it; `elapsed_s`: the iteration's seconds (its calls'; default:
         the verify's and the draft's), which advance the deployment's clock by this request's share; `step_tokens`: the tokens in the target's step; `draft_missed`: the tokens the
-        draft call caught up on, for all the requests in it (None: its own only)."""
+        draft call caught up on, for all the requests in it (None: its own only); `prefill_s`: a request's first call's
+        seconds, a step of `step_tokens` carrying its prompt (not a verify's sample)."""
         n, est, st = load_key(load), self.est, self.settings
         with est.locked():
             if elapsed_s is None:
@@ -367,12 +369,14 @@ class GoodputController(EngineCosts):
             est.clock[0] += elapsed_s / n
             if source is not None and proposed:
                 est.last_drafted[ESTIMATE_KEYS.index(source)] = est.clock[0]
-            est.costs_version[0] += verify_s is not None or (draft_s is not None and source is not None)
+            est.costs_version[0] += (verify_s is not None or prefill_s is not None
+                                     or (draft_s is not None and source is not None))
             if verify_s is not None:
                 mean_update(est.verify_s, est.verify_n, (proposed, n), verify_s, st.cost_smoothing)
-                # alone, the (k, load) curve is the step's own; a step past the table is not priced at its end
-                if step_tokens and n != ALONE and step_tokens <= MAX_STEP_TOKENS:
-                    mean_update(est.step_s, est.step_n, (step_tokens,), verify_s, st.cost_smoothing)
+            step_s = verify_s if verify_s is not None else prefill_s
+            # alone, the (k, load) curve is the step's own; a step past the table is not priced at its end
+            if step_s is not None and step_tokens and n != ALONE and step_tokens <= MAX_STEP_TOKENS:
+                mean_update(est.step_s, est.step_n, (step_tokens,), step_s, st.cost_smoothing)
             if source is None or not proposed:
                 return
             si = ESTIMATE_KEYS.index(source)

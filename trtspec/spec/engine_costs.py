@@ -195,7 +195,7 @@ class EngineCosts:
         if mm <= 1e-12:
             return ky / kk, None  # no call caught up: every second is the drafting's
         det = kk * mm - km * km
-        if det > 1e-6 * kk * mm:
+        if det > 0.1 * kk * mm:
             a, c = (ky * mm - my * km) / det, (kk * my - km * ky) / det
             if a > 0 and 0 <= c <= a:  # a prefill token never costs more than a drafted one
                 return a, c

@@ -338,7 +338,9 @@ class SpeculativeLoop:
                                else remaining)
             plan = replace(plan, plain=guided.plain(plan.plain, remaining)) if guided else plan
             t0 = time.perf_counter()
-            with self.estimates.target_call(1 + len(draft)) as step:  # a step's tokens: a plain run's is 1
+            # the tokens the call has the engine compute at once: a plain run's 1 a step; the first call's, its prompt
+            counted = (len(seq) if not planner.stats.num_iterations else 1) + len(draft)
+            with self.estimates.target_call(counted) as step:
                 new, log_probs, top = self._verify(
                     seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), bool(req.return_log_probs),
                     in_target, plan.next_k, req.top_log_probs or 0, req.temperature, plan.plain, guided,

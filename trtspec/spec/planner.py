@@ -218,11 +218,17 @@ class Planner:
                                plan.next_k == 0 or (plan.next_k <= 1 and plan.missed <= 1))
         if used is not None and plan.tokens is not None:
             draft_s = 0.0  # a proposal that needed no engine call (the target's own drafter's came with its answer)
+        # a batched deployment's first call is a step carrying the prompt: not a sample of a verify's cost, but of a
+        # step's by the tokens in it, the long steps a prompt's catch-up is priced by (before any request drafts,
+        # no other call shows them)
+        prefill = (not self.stats.num_iterations and not self.in_target and plain == 1
+                   and self.controller.batched())
         # a plain run's cost per step: what a plain step costs where it is not a call of its own
         self.controller.record(load, plan.key if used else None, len(draft), accepted,
                                verify_s / plain if clean else None, draft_s if used else None, plan.missed, plain,
-                               draft_batch, verify_s + (draft_s or 0.0), step_tokens if clean and plain == 1 else None,
-                               draft_missed)
+                               draft_batch, verify_s + (draft_s or 0.0),
+                               step_tokens if (clean or prefill) and plain == 1 else None, draft_missed,
+                               prefill_s=verify_s if prefill else None)
         if self.stretch is not None:  # a probe that failed does not end a stretch
             self.stretch = 0 if draft and (accepted or not plan.probe) else self.stretch + 1
         if self.in_target:
