@@ -178,7 +178,7 @@ def test_the_controller_asks_eagle3_in_the_target_for_full_drafts_only_when_it_m
 
 
 def test_a_first_call_counts_its_prompt_among_the_tokens_in_the_step(tiny):
-    # what the steps are measured by: the tokens the engine computes at once. A request's first call has it prefill
+    # what a batching engine's steps are measured by: the tokens it computes at once. A request's first call has it prefill
     # the prompt, so a call in the same step runs in a step of that many more tokens (counted as 1, the steps a
     # prompt's catch-up is priced by read as costing far more than their tokens)
     counted = []
@@ -188,8 +188,13 @@ def test_a_first_call_counts_its_prompt_among_the_tokens_in_the_step(tiny):
             counted.append(tokens)
             return super().target_call(tokens)
 
-    settings = loop_settings(draft_length_policy="adaptive", draft_source="ngram", num_draft_tokens=4)
-    spec = SpeculativeLoop(settings.model_copy(update={"draft_model": None}), Counted(tiny), estimates=Spy())
-    _, stats = _run(spec, prompt=[0, 3, 4, 5, 3, 4, 7, 8], max_tokens=24, stream=True)
-    assert len(counted) == stats.num_iterations and counted[0] == 8  # the prompt, no draft on a first call
-    assert all(1 <= c <= 5 for c in counted[1:])  # a token and its draft of at most 4
+    from trtspec.config import AdaptivePolicy
+
+    for batched, first in ((None, 8), (False, 1)):  # a GPU's batching engine: the prompt; a CPU's: priced by load
+        counted.clear()
+        settings = loop_settings(draft_length_policy="adaptive", draft_source="ngram", num_draft_tokens=4,
+                                 adaptive=AdaptivePolicy(batched_steps=batched))
+        spec = SpeculativeLoop(settings.model_copy(update={"draft_model": None}), Counted(tiny), estimates=Spy())
+        _, stats = _run(spec, prompt=[0, 3, 4, 5, 3, 4, 7, 8], max_tokens=24, stream=True)
+        assert len(counted) == stats.num_iterations and counted[0] == first  # no draft on a first call
+        assert all(1 <= c <= 5 for c in counted[1:])  # a token and its draft of at most 4
