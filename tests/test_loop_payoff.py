@@ -178,9 +178,9 @@ def test_the_controller_asks_eagle3_in_the_target_for_full_drafts_only_when_it_m
 
 
 def test_a_first_call_counts_its_prompt_among_the_tokens_in_the_step(tiny):
-    # what a batching engine's steps are measured by: the tokens it computes at once. A request's first call has it prefill
-    # the prompt, so a call in the same step runs in a step of that many more tokens (counted as 1, the steps a
-    # prompt's catch-up is priced by read as costing far more than their tokens)
+    # what a batching engine's steps are measured by: the tokens it computes at once. A request's first call has it
+    # prefill the prompt, so a call in the same step runs in a step of that many more tokens (counted as 1, the steps
+    # a prompt's catch-up is priced by read as costing far more than their tokens)
     counted = []
 
     class Spy(Estimates):

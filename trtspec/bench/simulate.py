@@ -38,7 +38,7 @@ class _Call:
     prefill: int = 0  # prompt tokens still to prefill (a new request's first call), max_num_tokens a step
     batch: int = 1  # requests in the draft engine's call together
     tokens: int = 0  # the most tokens in target calls at once during the call, counted as the loop counts them
-    counted: int = 1  # the tokens the loop counts for this call (Estimates.target_call): its prompt, or 1, and its draft
+    counted: int = 1  # this call's tokens as the loop counts them (Planner.call_tokens)
     catchup: int = 0  # tokens the draft engine's call caught up on, for every request in it
 
 
@@ -115,9 +115,8 @@ def _plan_iterations(active: list[SyntheticRequest], load: int, progress: float,
         plan = r.planner.plan(load, r.seq, r.propose)
         draft = r.draft(plan.k, acceptance, progress) if plan.calls_draft_model else list(plan.tokens or [])
         remaining = r.max_tokens - (len(r.seq) - r.prompt)
-        first = len(r.seq) == r.prompt
         r.call = _Call(plan, draft, 1 if draft else min(plan.plain, remaining), load,
-                       prefill=r.prompt if first else 0, counted=(r.prompt if first else 1) + len(draft))
+                       prefill=r.prompt if len(r.seq) == r.prompt else 0, counted=r.planner.call_tokens(r.seq, draft))
 
 
 def _draft_engine_steps(active: list[SyntheticRequest], costs: Costs) -> float:
@@ -158,7 +157,7 @@ def _target_step(active: list[SyntheticRequest], costs: Costs, load: int, max_nu
         budget -= chunk
         tokens += chunk
     context = sum(len(r.seq) for r in active)
-    held = sum(r.call.counted for r in active)  # what the loop's calls count: it knows no chunking, nor who is in a step
+    held = sum(r.call.counted for r in active)  # the loop knows no chunking, nor who is in a step
     for r in active:
         r.call.tokens = max(r.call.tokens, held)
     return costs.target_step(load, tokens, context) + head_k * costs.head_step(load)
@@ -256,9 +255,9 @@ def run_matrix(
         text = str(conc)
         if text.startswith("ramp:"):
             peak = int(text.split(":", 1)[1])
-            schedule, n_requests = ramp(peak), max(requests, 6 * peak)
+            schedule, n_requests, wave = ramp(peak), max(requests, 6 * peak), peak
         else:
-            schedule, n_requests = constant(int(text)), max(requests, 2 * int(text))
+            schedule, n_requests, wave = constant(int(text)), max(requests, 2 * int(text)), int(text)
         for profile in profiles:
             acceptance = profile if isinstance(profile, Acceptance) else PROFILES[profile]
             runs = []
@@ -272,16 +271,15 @@ def run_matrix(
                                                                    **overlapped)
                     else:
                         results[policy.name] = simulate(costs, policy, schedule, acceptance, in_engine=in_engine,
-                                                        warmup=warmup * (peak if text.startswith("ramp:") else
-                                                                         int(text)), **common)
+                                                        warmup=warmup * wave, **common)
                 runs.append(results)
-            pooled = {n: dataclasses.replace(r, k_counts=list(r.k_counts)) for n, r in runs[0].items()}
+            pooled = {n: dataclasses.replace(r) for n, r in runs[0].items()}  # each seed's run kept as it was
             for results in runs[1:]:
                 for n, r in results.items():
                     pooled[n].add(r)
             cell = Cell(text, acceptance.name, pooled, runs if seeds > 1 else [])
             cells.append(cell)
-            ctl = next(n for n in results if n.startswith("controller"))
+            ctl = next(n for n in pooled if n.startswith("controller"))
             vs_base, vs_best = cell.ratios(ctl)
             spread = ""
             if seeds > 1:

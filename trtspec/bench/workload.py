@@ -3,6 +3,7 @@ under, the load's schedule, and what a cell measured (trtspec.bench.simulate, tr
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -101,9 +102,7 @@ class CellResult:
         """Pools another run of the same cell (another seed) into this one: one longer run."""
         for name in ("tokens", "seconds", "iterations", "drafted", "draft_tokens", "accepted"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        width = max(len(self.k_counts), len(other.k_counts))
-        self.k_counts = [a + b for a, b in zip(self.k_counts + [0] * (width - len(self.k_counts)),
-                                               other.k_counts + [0] * (width - len(other.k_counts)))]
+        self.k_counts = [a + b for a, b in itertools.zip_longest(self.k_counts, other.k_counts, fillvalue=0)]
 
     def to_dict(self) -> dict:
         return {

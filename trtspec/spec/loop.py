@@ -338,11 +338,7 @@ class SpeculativeLoop:
                                else remaining)
             plan = replace(plan, plain=guided.plain(plan.plain, remaining)) if guided else plan
             t0 = time.perf_counter()
-            # the tokens the call has the engine compute at once: a plain run's 1 a step; on a batching engine the
-            # first call's, its prompt (a CPU's steps are priced by load, and its calls' times were measured so)
-            first = not planner.stats.num_iterations and planner.controller.batched()
-            counted = (len(seq) if first else 1) + len(draft)
-            with self.estimates.target_call(counted) as step:
+            with self.estimates.target_call(planner.call_tokens(seq, draft)) as step:
                 new, log_probs, top = self._verify(
                     seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), bool(req.return_log_probs),
                     in_target, plan.next_k, req.top_log_probs or 0, req.temperature, plan.plain, guided,

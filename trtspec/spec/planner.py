@@ -104,6 +104,13 @@ class Planner:
         """A source whose proposal costs no engine call."""
         return not SOURCES[source].needs_draft_model or (self.in_target and source == "model")
 
+    def call_tokens(self, seq: Sequence[int], draft: Sequence[int]) -> int:
+        """The tokens this iteration's target call has the engine compute at once (Estimates.target_call counts them:
+        the steps are measured by them): a token and the draft; on a batching engine, the first call's whole
+        sequence, its prompt. (A CPU's steps are priced by load, and its calls' times were measured counting 1.)"""
+        first = not self.stats.num_iterations and self.controller.batched()
+        return (len(seq) if first else 1) + len(draft)
+
     def plan(self, load: int, seq: Sequence[int], propose: Propose) -> Plan:
         """The iteration of a request whose running sequence is `seq`, with `load` requests in flight."""
         spec, pol = self.spec, self.policy
