@@ -13,9 +13,11 @@ the shipped head (`demo-eagle3`'s target). Cells, interleaved round by round, me
 * ``resume after m``    head loaded: the call that asks a draft after m plain calls asked none (the catch-up);
                         its extra over ``head asks 0`` is the catch-up's cost, fitted as c0 + c1 * m
 
-Times are the process's CPU time per call by default (--clock wall for wall time).
+Times are the process's CPU time per call by default (--clock wall for wall time; on a GPU always wall time, the
+engine's call ending when its tokens are on the host).
 
     python scripts/bench_eagle3_plain_step.py [--rounds 12] [--linear-kernels compiled] [--json out.json]
+    python scripts/bench_eagle3_plain_step.py --device cuda --dtype bfloat16 --target DIR   # any target of the demo's shapes
 """
 
 from __future__ import annotations
@@ -50,11 +52,19 @@ def main() -> None:
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="cpu (default): the process's CPU time per call, which other work on a shared machine "
                          "disturbs far less than wall time (one torch thread: a call's compute is its CPU time)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: the engines' device")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--target", default="demo:target",
+                    help="the target checkpoint (the shipped head needs the demo target's shapes: hidden 576, 49152 ids)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    on_cpu = args.device == "cpu"
+    if not on_cpu:
+        args.clock = "wall"
     torch.set_num_threads(1)
-    target = resolve_checkpoint("demo:target")
-    kw = dict(device="cpu", dtype="float32", cache_entries=64, linear_kernels=args.linear_kernels)
+    target = resolve_checkpoint(args.target)
+    kw = dict(device=args.device, dtype=args.dtype, cache_entries=64,
+              linear_kernels=args.linear_kernels if on_cpu else "auto")
     base = ReferenceEngine(target, **kw)
     spec = ReferenceEngine(target, eagle3_head=EAGLE3_ASSET_DIR, **kw)
     prompt = list(range(1000, 1000 + args.context))
@@ -126,7 +136,9 @@ def main() -> None:
         }
     out.update({
         "head_work": spec.eagle3.work.as_dict() if hasattr(spec.eagle3, "work") else None,
-        "rounds": args.rounds, "clock": args.clock, "context": args.context, "linear_kernels": args.linear_kernels, "threads": 1,
+        "rounds": args.rounds, "clock": args.clock, "context": args.context, "threads": 1,
+        "device": args.device if on_cpu else torch.cuda.get_device_name(), "dtype": args.dtype,
+        "linear_kernels": args.linear_kernels if on_cpu else None, "target": str(target),
         "cpu": platform.processor() or platform.machine(),
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     })

@@ -2,11 +2,14 @@
 # The reference engine and NVML on a GPU, in one command (under 4 minutes on an H200, model creation included):
 #   scripts/gpu_check.sh                      # on the GPU machine: cuda, float32/bfloat16/float16, the full-size pair
 #   scripts/gpu_check.sh --device cpu --small # here: the same parts on a tiny pair (the plumbing, ~1 min)
-# Parts (each runs whatever the others did; a summary at the end; logs and JSON into $OUT when set):
+# Parts (each runs whatever the others did; a summary at the end; logs and JSON into $OUT when set; GPU_CHECK_PARTS,
+# a space-separated list of names, runs those alone beside wheels and pair):
 #   wheels    pydantic & co from .whl/ when python3 lacks it (the GPU image has none; GPU_CHECK_WHEELS=1: install anyway)
 #   pair      a random-weight target with SmolLM2-135M-Instruct's shapes and its first 4 layers as the draft, in /tmp
 #   bench     trtspec bench-engine (decode, verify 2/4/8, batch 4/8/16, the limit) per dtype, NVML sampling it
 #   exactness tests/test_engine_exactness.py and test_engine_precision.py on that pair and device
+#   heads     tests/test_heads_exactness.py: the shipped EAGLE-3 head and Medusa heads on that target, every dtype
+#   plainstep scripts/bench_eagle3_plain_step.py: a plain step with the EAGLE-3 head loaded against the baseline's
 #   logits    one position's logits in a decode, a verify and a batch of 16: differences and the top-2 margin
 #   machine   machine.py's NVML GPU detection, one NVML read, `trtspec doctor` on the pair
 set -u
@@ -33,6 +36,7 @@ declare -a NAMES=() RCS=() SECS=()
 
 part() {  # part NAME TIMEOUT_S CMD...: runs CMD (a program: under timeout), records its exit status and time
   local name=$1 limit=$2; shift 2
+  case " wheels pair ${GPU_CHECK_PARTS:-$name} " in *" $name "*) ;; *) return 0 ;; esac
   echo; echo "==== $name ($(date -u +%H:%M:%S) UTC, at most ${limit} s): $*"
   local t0=$(date +%s) rc
   if [ "$(type -t "$1")" = function ]; then "$@"; else timeout -k 5 "$limit" "$@"; fi
@@ -65,6 +69,13 @@ part bench 100 "$PY" scripts/gpu_check.py bench "$ROOT" --device "$DEVICE" --dty
 part exactness 120 env TRTSPEC_TEST_DEVICE="$DEVICE" TRTSPEC_TEST_PAIR="$ROOT/target:$ROOT/draft" \
   "$PY" -m pytest -q -rfEsxX -p no:cacheprovider tests/test_engine_exactness.py tests/test_engine_precision.py \
   "${TEST_FILTER[@]}" --junitxml="$OUT/exactness.xml"
+part heads 150 env TRTSPEC_TEST_DEVICE="$DEVICE" TRTSPEC_TEST_PAIR="$ROOT/target:$ROOT/draft" \
+  "$PY" -m pytest -q -s -rfEsxX -p no:cacheprovider tests/test_heads_exactness.py "${TEST_FILTER[@]}" \
+  --junitxml="$OUT/heads.xml"
+for dt in $([ "$DEVICE" = cpu ] && echo float32 || echo float32 bfloat16); do
+  part "plainstep-$dt" 90 "$PY" scripts/bench_eagle3_plain_step.py --device "$DEVICE" --dtype "$dt" \
+    --target "$ROOT/target" --rounds "$([ -n "$SMALL" ] && echo 3 || echo 12)" --json "$OUT/plainstep-$dt.json"
+done
 part logits 60 "$PY" scripts/gpu_check.py logits "$ROOT" --device "$DEVICE" --dtypes "$([ "$DEVICE" = cpu ] && echo float32 || echo "$DTYPES")" --out "$OUT"
 part machine 60 "$PY" scripts/gpu_check.py machine "$ROOT" --device "$DEVICE" --out "$OUT"
 

@@ -156,27 +156,30 @@ class Eagle3Head(nn.Module):
     def extend(self, state: "HeadState", tokens: list[int], feats: torch.Tensor) -> torch.Tensor:
         """Append entries at positions state.length.. (tokens[i] is the token after feats[i]'s position);
         returns the last entry's output state [H]."""
-        pos = torch.arange(state.length, state.length + len(tokens))
-        return self._attend(state, torch.tensor(tokens), self.fc(feats.to(self.fc.weight.dtype)), pos)[-1]
+        dev = self.fc.weight.device
+        pos = torch.arange(state.length, state.length + len(tokens), device=dev)
+        return self._attend(state, torch.tensor(tokens, device=dev), self.fc(feats.to(dev, self.fc.weight.dtype)),
+                            pos)[-1]
 
     def _attend(self, state: "HeadState", tokens: torch.Tensor, feat: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(tokens, feat, pos)
         state.append(k, v)
         n, kv = q.shape[-2], state.k.shape[-2]
-        mask = None if n == 1 else torch.ones(n, kv, dtype=torch.bool).tril(kv - n)
+        mask = None if n == 1 else torch.ones(n, kv, dtype=torch.bool, device=q.device).tril(kv - n)
         out = F.scaled_dot_product_attention(q, state.k, state.v, attn_mask=mask, enable_gqa=True)
         return self.finish(out, feat)
 
     @torch.inference_mode()
     def draft(self, state: "HeadState", last: torch.Tensor, k: int) -> list[int]:
         """k target ids continuing the sequence whose last entry's output state is `last`; state is left as it was."""
-        keep = state.length
+        keep, dev = state.length, last.device
         out, h = [], last
         for i in range(k):
             d = int(self.logits(h).argmax())
             out.append(d + self.d2t_list[d])
             if i + 1 < k:
-                h = self._attend(state, torch.tensor([out[-1]]), h[None], torch.tensor([state.length]))[-1]
+                h = self._attend(state, torch.tensor([out[-1]], device=dev), h[None],
+                                 torch.tensor([state.length], device=dev))[-1]
         state.crop(keep)
         return out
 
@@ -257,6 +260,7 @@ def load_head(checkpoint: str | Path, target: nn.Module) -> tuple[Eagle3Head, li
     if int((torch.arange(len(d2t)) + d2t).min()) < 0 or int((torch.arange(len(d2t)) + d2t).max()) >= cfg["vocab_size"]:
         raise Eagle3Error(f"{checkpoint}: d2t maps draft ids outside the target vocabulary [0, {cfg['vocab_size']})")
     head.d2t_list = head.d2t.tolist()
+    head.to(embed.device)  # the target's device: the features it captures stay there
     head.eval()
     for p in head.parameters():
         p.requires_grad = False
