@@ -87,6 +87,23 @@ def demo_pair():
     return prepare_demo_pair()
 
 
+def step_together(engine, reqs):
+    """Steps every request in one forward per step (the scheduler's in-flight batching, without its thread): each
+    request's results, in order."""
+    gens = [engine.steps(r) for r in reqs]
+    segs = {i: next(g) for i, g in enumerate(gens)}
+    results = {}
+    while segs:
+        engine.forward(list(segs.values()))
+        for i in list(segs):
+            try:
+                segs[i] = gens[i].send(None)
+            except StopIteration as done:
+                results[i] = done.value
+                del segs[i]
+    return [results[i] for i in range(len(reqs))]
+
+
 def loop_settings(*, draft_disabled: bool = False, max_input_len: int = 2048, **speculative):
     """LoopSettings as a deployment would get them; `speculative` are build-config `speculative:` fields. The policy
     is fixed unless asked for: these tests drive a given k (the controller's own tests ask for adaptive)."""

@@ -23,6 +23,7 @@ from trtspec.reference_engine import EngineRequest, ReferenceEngine
 from trtspec.reference_engine import packed_linear
 from trtspec.reference_engine.compiled_linear import CompiledLinear
 from trtspec.reference_engine.device import CPU_THREADS_PER_ENGINE, LINEAR_KERNELS
+from conftest import step_together
 
 DEVICE = os.environ.get("TRTSPEC_TEST_DEVICE", "cpu")
 DTYPES = ["float32", "bfloat16"] + ([] if DEVICE == "cpu" else ["float16"])
@@ -77,22 +78,6 @@ def _native_bf16() -> bool:
     return choose_precision("bfloat16", "cpu").warning is None
 
 
-def _together(engine, reqs):
-    """Step all requests in one forward per step (the scheduler's in-flight batching, without its thread)."""
-    gens = [engine.steps(r) for r in reqs]
-    segs = {i: next(g) for i, g in enumerate(gens)}
-    results = {}
-    while segs:
-        engine.forward(list(segs.values()))
-        for i in list(segs):
-            try:
-                segs[i] = gens[i].send(None)
-            except StopIteration as done:
-                results[i] = done.value
-                del segs[i]
-    return [results[i] for i in range(len(reqs))]
-
-
 def test_speculative_greedy_equals_target_only(pair):
     _, target, draft = pair
     expected = target.run(EngineRequest(list(PROMPT), output_len=N_NEW)).new_tokens
@@ -129,7 +114,7 @@ def test_a_request_in_a_batch_of_16_equals_itself_alone(pair, request):
     reqs[3] = EngineRequest(reqs[3].input_ids, output_len=2, draft_ids=[28, 253, 314], return_generation_logits=True)
     solo = [target.run(r) for r in reqs]
     target.cache = type(target.cache)(target.cache.max_entries, target.cache.max_bytes)  # batched prefill too
-    batched = _together(target, reqs)
+    batched = step_together(target, reqs)
     assert [r.tokens for r in batched] == [r.tokens for r in solo]
     if _bitwise(target):
         assert all((b.generation_logits == s.generation_logits).all() for b, s in zip(batched, solo))

@@ -24,6 +24,7 @@ import pytest
 
 from trtspec.demo_pair import EAGLE3_ASSET_DIR, MEDUSA_ASSET_DIR
 from trtspec.reference_engine import EngineRequest, ReferenceEngine
+from conftest import step_together
 
 DEVICE = os.environ.get("TRTSPEC_TEST_DEVICE", "cpu")
 
@@ -111,22 +112,6 @@ def assert_greedy_same(got: list[list[int]], want: Expected, dtype: str, label: 
                                                f"target-only decode's margin was {margin:.4f} ({margin / ulp:.1f} ulps)")
 
 
-def _together(engine, reqs):
-    """Every request stepped in one forward per step (the batcher's in-flight batching, without its thread)."""
-    gens = [engine.steps(r) for r in reqs]
-    segs = {i: next(g) for i, g in enumerate(gens)}
-    results = {}
-    while segs:
-        engine.forward(list(segs.values()))
-        for i in list(segs):
-            try:
-                segs[i] = gens[i].send(None)
-            except StopIteration as done:
-                results[i] = done.value
-                del segs[i]
-    return [results[i] for i in range(len(reqs))]
-
-
 def test_eagle3_in_engine_drafting_with_stretches_and_catch_ups_is_greedy_identical(target_dir, dtype, expected):
     engine, got = _engine(target_dir, dtype, eagle3_head=EAGLE3_ASSET_DIR), []
     for prompt in PROMPTS:
@@ -148,7 +133,7 @@ def test_eagle3_verify_rows_stepped_together_are_greedy_identical(target_dir, dt
     drafts: list[list[int]] = [[] for _ in PROMPTS]
     while min(len(s) - len(p) for s, p in zip(seqs, PROMPTS)) < N_NEW:
         reqs = [EngineRequest(s, len(d) + 1, draft_ids=d or None, next_draft_len=2) for s, d in zip(seqs, drafts)]
-        for i, r in enumerate(_together(engine, reqs)):
+        for i, r in enumerate(step_together(engine, reqs)):
             seqs[i], drafts[i] = r.tokens, r.next_draft_ids or []
     assert_greedy_same([s[len(p):][:N_NEW] for s, p in zip(seqs, PROMPTS)], expected, dtype, "eagle3 together")
 
@@ -172,5 +157,5 @@ def test_medusa_trees_stepped_together_are_greedy_identical(target_dir, dtype, e
 
     engine = _engine(target_dir, dtype, medusa_heads=MEDUSA_ASSET_DIR)
     engine.tree_size = TreeSize(engine.medusa_tree, len(engine.medusa_tree))
-    got = [r.new_tokens for r in _together(engine, [EngineRequest(list(p), N_NEW) for p in PROMPTS])]
+    got = [r.new_tokens for r in step_together(engine, [EngineRequest(list(p), N_NEW) for p in PROMPTS])]
     assert_greedy_same(got, expected, dtype, "medusa together")
