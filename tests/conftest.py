@@ -87,6 +87,13 @@ def demo_pair():
     return prepare_demo_pair()
 
 
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (the engine warns where it does not, and bf16 is slow there)."""
+    from trtspec.reference_engine.device import choose_precision
+
+    return choose_precision("bfloat16", "cpu").warning is None
+
+
 def step_together(engine, reqs):
     """Steps every request in one forward per step (the scheduler's in-flight batching, without its thread): each
     request's results, in order."""

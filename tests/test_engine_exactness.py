@@ -23,7 +23,7 @@ from trtspec.reference_engine import EngineRequest, ReferenceEngine
 from trtspec.reference_engine import packed_linear
 from trtspec.reference_engine.compiled_linear import CompiledLinear
 from trtspec.reference_engine.device import CPU_THREADS_PER_ENGINE, LINEAR_KERNELS
-from conftest import step_together
+from conftest import native_bf16, step_together
 
 DEVICE = os.environ.get("TRTSPEC_TEST_DEVICE", "cpu")
 DTYPES = ["float32", "bfloat16"] + ([] if DEVICE == "cpu" else ["float16"])
@@ -59,7 +59,7 @@ def checkpoints(request):
 @pytest.fixture(scope="module", params=DTYPES)
 def pair(request, checkpoints, served_threads):
     served_threads(request.param)
-    slow_bf16 = request.param == "bfloat16" and DEVICE == "cpu" and not _native_bf16()
+    slow_bf16 = request.param == "bfloat16" and DEVICE == "cpu" and not native_bf16()
     with pytest.warns(UserWarning, match="without native bf16") if slow_bf16 else nullcontext():
         target = ReferenceEngine(checkpoints[0], device=DEVICE, dtype=request.param)
     draft = ReferenceEngine(checkpoints[1], device=DEVICE, dtype=request.param, salt=1)
@@ -70,12 +70,6 @@ def pair(request, checkpoints, served_threads):
         assert any(isinstance(m, kind) for m in target.model.modules())
         assert isinstance(target._head, kind)  # the LM head too: verify rows on the decoder's kernels
     return request.param, target, draft
-
-
-def _native_bf16() -> bool:
-    from trtspec.reference_engine.device import choose_precision
-
-    return choose_precision("bfloat16", "cpu").warning is None
 
 
 def test_speculative_greedy_equals_target_only(pair):

@@ -24,21 +24,12 @@ import pytest
 
 from trtspec.demo_pair import EAGLE3_ASSET_DIR, MEDUSA_ASSET_DIR
 from trtspec.reference_engine import EngineRequest, ReferenceEngine
-from conftest import step_together
+from conftest import native_bf16, step_together
 
 DEVICE = os.environ.get("TRTSPEC_TEST_DEVICE", "cpu")
-
-
-def _dtypes() -> list[str]:
-    """float32; bf16 where the device computes it natively (emulated on a CPU it takes minutes); fp16 on a GPU."""
-    from trtspec.reference_engine.device import choose_precision
-
-    if DEVICE != "cpu":
-        return ["float32", "bfloat16", "float16"]
-    return ["float32"] + (["bfloat16"] if choose_precision("bfloat16", "cpu").warning is None else [])
-
-
-DTYPES = _dtypes()
+# float32; bf16 where the device computes it natively (emulated on a CPU it takes minutes); fp16 on a GPU
+DTYPES = (["float32", "bfloat16", "float16"] if DEVICE != "cpu"
+          else ["float32"] + (["bfloat16"] if native_bf16() else []))
 PROMPTS = [  # demo-vocabulary ids: a chat turn's opening and a few words
     [1, 9690, 314, 253, 7018, 11173, 28, 3781, 2, 198, 1, 4093, 198],
     [1, 4093, 198, 7018, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198],
@@ -55,19 +46,11 @@ def target_dir(request) -> Path:
 
 @pytest.fixture(scope="module", params=DTYPES)
 def dtype(request):
-    import warnings
-
-    with warnings.catch_warnings():  # bf16 on a CPU without native bf16: warned, and honoured
-        warnings.simplefilter("ignore")
-        yield request.param
+    return request.param
 
 
 def _engine(target_dir, dtype, **heads) -> ReferenceEngine:
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ReferenceEngine(target_dir, device=DEVICE, dtype=dtype, cache_entries=8, **heads)
+    return ReferenceEngine(target_dir, device=DEVICE, dtype=dtype, cache_entries=8, **heads)
 
 
 class Expected(list):
@@ -78,8 +61,6 @@ class Expected(list):
 
 @pytest.fixture(scope="module")
 def expected(target_dir, dtype) -> Expected:
-    import numpy as np
-
     plain, want = _engine(target_dir, dtype), Expected()
     want.margins = []
     for p in PROMPTS:
