@@ -108,8 +108,11 @@ class Planner:
         """The tokens this iteration's target call has the engine compute at once (Estimates.target_call counts them:
         the steps are measured by them): a token and the draft; on a batching engine, the first call's whole
         sequence, its prompt. (A CPU's steps are priced by load, and its calls' times were measured counting 1.)"""
-        first = not self.stats.num_iterations and self.controller.batched()
-        return (len(seq) if first else 1) + len(draft)
+        return (len(seq) if self._first_batched_call() else 1) + len(draft)
+
+    def _first_batched_call(self) -> bool:
+        """A request's first call on a batching engine: a step that carries its prompt."""
+        return not self.stats.num_iterations and self.controller.batched()
 
     def plan(self, load: int, seq: Sequence[int], propose: Propose) -> Plan:
         """The iteration of a request whose running sequence is `seq`, with `load` requests in flight."""
@@ -228,8 +231,7 @@ class Planner:
         # a batched deployment's first call is a step carrying the prompt: not a sample of a verify's cost, but of a
         # step's by the tokens in it, the long steps a prompt's catch-up is priced by (before any request drafts,
         # no other call shows them)
-        prefill = (not self.stats.num_iterations and not self.in_target and plain == 1
-                   and self.controller.batched())
+        prefill = self._first_batched_call() and not self.in_target and plain == 1
         # a plain run's cost per step: what a plain step costs where it is not a call of its own
         self.controller.record(load, plan.key if used else None, len(draft), accepted,
                                verify_s / plain if clean else None, draft_s if used else None, plan.missed, plain,
