@@ -5,6 +5,10 @@ heads, for the whole tree verified every step (`full`, the policy before the eng
 size the engine chooses per step (`auto`, trtspec.reference_engine.tree_size); greedy output checked identical.
 
     python scripts/measure_medusa_load.py --limit 8 --tokens 64 --concurrency 1,4,8
+    python scripts/measure_medusa_load.py --limit 0 --tokens 48 --policies auto --rounds 4 --threads 1 --linear-kernels compiled
+
+`--rounds N` runs each cell's engines N times, in turn and in the reverse order every other round (target-only,
+auto, auto, target-only, ...), and sums their times: this machine's drift between runs falls on both sides alike.
 
 Prompts: trtspec/assets/eval/heldout_chat.jsonl (in no other prompt set of trtspec and not in training).
 """
@@ -33,7 +37,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--limit", type=int, default=8, help="first N prompts (0: all)")
     ap.add_argument("--concurrency", default="1,4,8")
-    ap.add_argument("--policies", default="full,auto")
+    ap.add_argument("--policies", default="full,auto", help="full, auto, or a number of nodes: comma-separated")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each cell per engine, interleaved (see above)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--linear-kernels", default="auto")
     args = ap.parse_args()
@@ -56,8 +61,8 @@ def main() -> None:
     kw = dict(device="cpu", dtype="float32", cache_entries=4 * len(prompts), linear_kernels=args.linear_kernels)
     engines = {"target-only": ReferenceEngine(target, **kw)}
     for policy in args.policies.split(","):
-        engines[policy] = ReferenceEngine(target, medusa_heads=args.heads, **kw,
-                                          medusa_tree_size=len(DEFAULT_CHOICES) if policy == "full" else policy)
+        size = len(DEFAULT_CHOICES) if policy == "full" else policy if policy == "auto" else int(policy)
+        engines[policy] = ReferenceEngine(target, medusa_heads=args.heads, **kw, medusa_tree_size=size)
 
     def run(engine: ReferenceEngine, c: int, prompts: list[list[int]] = prompts) -> tuple[list[list[int]], float]:
         engine.cache = type(engine.cache)(engine.cache.max_entries, engine.cache.max_bytes)  # no reuse across runs
@@ -72,19 +77,30 @@ def main() -> None:
 
     for engine in engines.values():  # warm-up on two prompts: kernels, and the tree size's first measurements
         run(engine, 1, prompts[:2])
-    report = {"prompts": len(prompts), "max_tokens": args.tokens, "threads": args.threads, "cells": []}
+    report = {"prompts": len(prompts), "max_tokens": args.tokens, "threads": args.threads, "rounds": args.rounds,
+              "cells": []}
     for c in [int(x) for x in args.concurrency.split(",")]:
-        want, base_s = run(engines["target-only"], c)
-        n = sum(len(o) for o in want)
-        cell = {"c": c, "tokens": n, "target_only_tok_s": round(n / base_s, 1)}
+        seconds = dict.fromkeys(engines, 0.0)
+        outs: dict[str, list] = {}
+        for name in engines:
+            if name != "target-only":
+                engines[name].medusa_work = TreeWork()
+        for r in range(args.rounds):
+            for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+                got, s = run(engines[name], c)
+                seconds[name] += s
+                outs.setdefault(name, []).append(got)
+        want = outs["target-only"][0]
+        n = sum(len(o) for o in want) * args.rounds
+        base_s = seconds["target-only"]
+        cell = {"c": c, "tokens": n, "rounds": args.rounds, "target_only_tok_s": round(n / base_s, 1)}
         for name, engine in engines.items():
             if name == "target-only":
                 continue
-            engine.medusa_work = TreeWork()
-            got, s = run(engine, c)
-            w = engine.medusa_work
-            cell[name] = {"identical": got == want, "tok_s": round(n / s, 1), "vs_target_only": round(base_s / s, 3),
-                          "tokens_per_call": round(n / (sum(w.sizes) + len(prompts)), 3),
+            w, s = engine.medusa_work, seconds[name]
+            cell[name] = {"identical": all(o == want for o in outs[name] + outs["target-only"]),
+                          "tok_s": round(n / s, 1), "vs_target_only": round(base_s / s, 3),
+                          "tokens_per_call": round(n / (sum(w.sizes) + len(prompts) * args.rounds), 3),
                           "steps_by_size": w.sizes, "accepted_per_depth": [round(x, 3) for x in w.reached()]}
         report["cells"].append(cell)
         print(json.dumps(cell), flush=True)

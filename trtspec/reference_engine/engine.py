@@ -207,21 +207,21 @@ class ReferenceEngine:
 
     def size_trees(self, segments: list[Segment]) -> None:
         """Before a step: how much of the Medusa tree its Medusa requests verify (one size for the step, whose cost
-        they share: TreeSize), their heads run together to that depth, and their segments extended with those
-        nodes. Segments sized already (a chunk's later pieces) are left as they are."""
+        they share: TreeSize), their heads run together (to that depth, or one deeper on a step that explores), and
+        their segments extended with those nodes. Segments sized already (a chunk's later pieces) are left as they are."""
         pending = [s for s in segments if s.proposal is not None and s.proposal.tokens is None]
         if not pending:
             return
         others = [s for s in segments if s.proposal is None or s.proposal.tokens is not None]
         tree = self.medusa_tree
-        size = self.tree_size.choose([len(s.tokens) for s in pending], sum(len(s.tokens) for s in others),
-                                     sum(1 for s in others if s.logit_rows))
-        depth = tree.prefix_depth(size)
+        sizing = self.tree_size.choose([len(s.tokens) for s in pending], sum(len(s.tokens) for s in others),
+                                       sum(1 for s in others if s.logit_rows))
+        size, heads = sizing.nodes, sizing.heads
         tops: list[list[list[int]]] = [[] for _ in pending]  # the root alone runs no head: a plain step's cost
-        if depth:
+        if heads:
             started = time.perf_counter()
-            tops = self.medusa.top(torch.stack([s.proposal.hidden for s in pending]), tree.topk[:depth], self._head)
-            self.tree_size.record_heads(len(pending), depth, time.perf_counter() - started)
+            tops = self.medusa.top(torch.stack([s.proposal.hidden for s in pending]), tree.topk[:heads], self._head)
+            self.tree_size.record_heads(len(pending), heads, time.perf_counter() - started)
         for seg, top in zip(pending, tops):
             seg.proposal.tokens, seg.proposal.size = tree.tokens(top), size
             if not size:

@@ -9,9 +9,12 @@ tokens per second for its whole batch.
   (the tree steps), kept and read as the controller keeps and reads a target step by its tokens
   (trtspec.spec.estimates.Estimates.step_s, trtspec.spec.engine_costs.EngineCosts.step_slope); and the heads'
   seconds per head by the requests they ran for together.
-* Exploration: every EXPLORE_EVERY-th step verifies down to one head deeper than the choice, so the next head's
-  nodes are scored and a larger step is timed; while fewer than two row counts are timed near the step, it
-  verifies the prefix whose row count is farthest from those timed (the whole tree first).
+* Exploration: every EXPLORE_EVERY-th step runs one head deeper than the choice and verifies the choice alone: the
+  deeper head's nodes are scored all the same (a node's parent row is verified, or the root's), for a head's cost
+  (an eighth of a plain step on the demo target), not a larger step's (5+ rows of the demo target cost 1.3-2x
+  4 rows on this CPU's GEMM kernels: docs/benchmarks/medusa.md). A larger step is timed once it is chosen, priced
+  until then along the slope of the row counts timed; while fewer than two are timed near the step, it verifies the
+  prefix whose row count is farthest from those timed (the whole tree first).
 """
 
 from __future__ import annotations
@@ -29,6 +32,15 @@ EXPLORE_EVERY = 16  # steps: 1 in 16 verifies one head deeper than chosen
 ACCEPTANCE_WINDOW = 256  # a node's acceptance is a mean over about its last this-many scores
 PRIOR = 0.5  # a node's acceptance before it is scored, worth one score
 COST_SMOOTHING = 0.1  # as the controller's cost_smoothing default: a new step's weight once 10 are timed
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """A step's tree: its first `nodes` verified, and `heads` heads run (the nodes' own, and one deeper where the
+    step explores: that head's nodes are scored, not verified)."""
+
+    nodes: int
+    heads: int
 
 
 @dataclass
@@ -139,20 +151,23 @@ class TreeSize:
             out.append((other_tokens + b * (1.0 + gain[m])) / max(step + heads * self.tree.prefix_depth(m), 1e-9))
         return out
 
-    def choose(self, own_rows: list[int], other_rows: int = 0, other_tokens: int = 0) -> int:
+    def choose(self, own_rows: list[int], other_rows: int = 0, other_tokens: int = 0) -> Sizing:
+        tree = self.tree
         if self.fixed is not None:
-            return min(self.fixed, len(self.tree))
+            return self._sizing(min(self.fixed, len(tree)))
         self.steps += 1
-        n, b, base = len(self.tree), len(own_rows), other_rows + sum(own_rows)
+        n, b, base = len(tree), len(own_rows), other_rows + sum(own_rows)
         rates = self.rates(own_rows, other_rows, other_tokens)
         if rates is None:  # time the row count farthest from those timed: two are needed for a slope
             timed = self.costs.timed()
             if timed.size == 0:
-                return n
-            return max(range(n + 1), key=lambda m: (int(np.min(np.abs(timed - (base + b * m)))), m))
+                return self._sizing(n)
+            return self._sizing(max(range(n + 1), key=lambda m: (int(np.min(np.abs(timed - (base + b * m)))), m)))
         best = int(np.argmax(rates))  # the first of equals: the smaller tree
+        heads = tree.prefix_depth(best)
         if self.steps % EXPLORE_EVERY == 0:
-            deeper = [i for i, d in enumerate(self.tree.depth) if d > self.tree.prefix_depth(best)]
-            if deeper:
-                best = deeper[0] + 1
-        return best
+            heads = min(heads + 1, max(tree.depth))
+        return Sizing(best, heads)
+
+    def _sizing(self, nodes: int) -> Sizing:
+        return Sizing(nodes, self.tree.prefix_depth(nodes))
