@@ -115,6 +115,13 @@ def test_tree_size_from_acceptance_and_the_cost_of_rows():
     explored = TreeSize(tree)
     explored.acceptance.score(tree.tokens([[10, 11]]), [10], [])  # head 1's best two: nodes [0] and [1]
     assert explored.acceptance.seen[:2].tolist() == [1.0, 1.0] and explored.acceptance.hits[:2].tolist() == [1.0, 0.0]
+    # a tree is verified for a gain beyond the readings' noise (TREE_MARGIN), else the root alone
+    from trtspec.reference_engine.tree_size import TREE_MARGIN
+
+    size.rates = lambda *a: [10.0, 10.0 * (1 + TREE_MARGIN / 2), 9.0, 8.0, 7.0, 6.0]
+    assert size.choose([1, 1]).nodes == 0
+    size.rates = lambda *a: [10.0, 10.0 * (1 + 2 * TREE_MARGIN), 9.0, 8.0, 7.0, 6.0]
+    assert size.choose([1, 1]).nodes == 1
     # nothing timed yet: the whole tree, then the row count farthest from it, then a choice
     fresh = TreeSize(tree)
     assert fresh.choose([1]) == Sizing(len(tree), max(tree.depth))

@@ -32,6 +32,9 @@ EXPLORE_EVERY = 16  # steps: 1 in 16 verifies one head deeper than chosen
 ACCEPTANCE_WINDOW = 256  # a node's acceptance is a mean over about its last this-many scores
 PRIOR = 0.5  # a node's acceptance before it is scored, worth one score
 COST_SMOOTHING = 0.1  # as the controller's cost_smoothing default: a new step's weight once 10 are timed
+# A tree is verified for a gain beyond the cost readings' noise, as the controller drafts (SHARED_MARGIN): a row
+# count timed on a few steps reads 10-30% off on this CPU, and a tree that gains nothing still costs its walk
+TREE_MARGIN = 0.03
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,8 @@ class TreeSize:
                 return self._sizing(n)
             return self._sizing(max(range(n + 1), key=lambda m: (int(np.min(np.abs(timed - (base + b * m)))), m)))
         best = int(np.argmax(rates))  # the first of equals: the smaller tree
+        if rates[best] < (1.0 + TREE_MARGIN) * rates[0]:
+            best = 0
         heads = tree.prefix_depth(best)
         if self.steps % EXPLORE_EVERY == 0:
             heads = min(heads + 1, max(tree.depth))
