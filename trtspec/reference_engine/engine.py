@@ -208,7 +208,8 @@ class ReferenceEngine:
     def size_trees(self, segments: list[Segment]) -> None:
         """Before a step: how much of the Medusa tree its Medusa requests verify (one size for the step, whose cost
         they share: TreeSize), their heads run together (to that depth, or one deeper on a step that explores), and
-        their segments extended with those nodes. Segments sized already (a chunk's later pieces) are left as they are."""
+        their segments extended with those nodes. Segments sized already (a chunk's later pieces) are left as they
+        are."""
         pending = [s for s in segments if s.proposal is not None and s.proposal.tokens is None]
         if not pending:
             return

@@ -28,7 +28,7 @@ from trtspec.medusa import Tree
 from trtspec.spec.engine_costs import EngineCosts
 from trtspec.spec.estimates import MAX_STEP_TOKENS, Estimates, mean_update, nonzero
 
-EXPLORE_EVERY = 16  # steps: 1 in 16 verifies one head deeper than chosen
+EXPLORE_EVERY = 16  # steps: 1 in 16 runs one head deeper than chosen (its nodes scored, not verified)
 ACCEPTANCE_WINDOW = 256  # a node's acceptance is a mean over about its last this-many scores
 PRIOR = 0.5  # a node's acceptance before it is scored, worth one score
 COST_SMOOTHING = 0.1  # as the controller's cost_smoothing default: a new step's weight once 10 are timed
