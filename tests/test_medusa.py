@@ -346,6 +346,7 @@ def server(tmp_path_factory, demo_pair):
     )
     repo = generate_repository(cfg, tmp_path_factory.mktemp("repo") / "model_repository")
     assert not (repo / "tensorrt_llm_draft").exists()  # the heads speculate inside the target engine
+    assert (repo / "tensorrt_llm_target_only").exists()  # ... so the target-only endpoints get one without them
     with create_server(ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto")) as s:
         s.wait_ready(300)
         yield s
@@ -377,3 +378,17 @@ def test_served_greedy_identical_to_target_only_alone_and_concurrent(server, eng
     assert sum(g.stats.total_draft_tokens for g in alone) > 0
     for g in alone:
         assert 0 <= g.stats.total_accepted_draft_tokens <= g.stats.total_draft_tokens
+    # target-only is target-only: the baseline endpoint's calls go to the engine without the heads (on the Medusa
+    # engine they would verify trees, and a bench would measure Medusa against itself)
+    import tritonclient.http
+
+    stats = tritonclient.http.InferenceServerClient(server.endpoints.http_address)
+
+    def calls(model: str) -> int:
+        return int(stats.get_inference_statistics(model)["model_stats"][0]["inference_count"])
+
+    before = {m: calls(m) for m in ("tensorrt_llm", "tensorrt_llm_target_only")}
+    baseline = [Client(server.endpoints.http_address, "http", "baseline").generate(p, 24) for p in PROMPTS]
+    assert [g.token_ids for g in baseline] == want
+    assert calls("tensorrt_llm") == before["tensorrt_llm"]
+    assert calls("tensorrt_llm_target_only") > before["tensorrt_llm_target_only"]

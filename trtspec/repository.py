@@ -8,6 +8,8 @@ substitution, so no `${...}` can stay unfilled. The engine flavours differ only 
 Repository (reference or tensorrt_llm flavour):
   preprocessing, postprocessing      target tokenizer
   tensorrt_llm, tensorrt_llm_draft   target and draft engines
+  tensorrt_llm_target_only           reference Medusa: the target without the heads, for the target-only endpoints
+                                     (the target engine speculates for every request it serves)
   speculative, baseline_loop         the speculative loop (token ids in and out), and target-only
   ensemble, baseline                 the text endpoints: tokenizer + the same loop + detokenizer in one
                                      decoupled model (so a client's cancellation reaches the loop)
@@ -29,7 +31,7 @@ from trtspec.spec.drafters import drafts_in_target
 from trtspec.spec.methods import in_engine
 from trtspec.reference_engine.tensor_io import NEXT_DRAFT_IDS, NEXT_DRAFT_LEN
 from trtspec.contract import LOOP_TOKEN_INPUTS, REQUEST_FIELDS, RESPONSE_OUTPUTS, RESPONSE_STATS, STAT, nvidia
-from trtspec.contract.models import BASELINE, BASELINE_LOOP, DRAFT, ENSEMBLE, LOOP, TARGET
+from trtspec.contract.models import BASELINE, BASELINE_LOOP, DRAFT, ENSEMBLE, LOOP, TARGET, TARGET_ONLY
 from trtspec.guided import (
     BACKEND as GUIDED_BACKEND, BACKEND_PARAMETER, GUIDE_START, TOKENIZER_INFO_FILE, TOKENIZER_INFO_PARAMETER,
     GuidedSettings, load_tokenizer_info, write_tokenizer_info,
@@ -174,6 +176,14 @@ def _guided_params(config: mc.ModelConfig, guided: GuidedSettings | None, refere
         _add_tensor(config.input, GUIDE_START, "INT32", (1,), optional=True)
 
 
+def target_only_engine(cfg: BuildConfig) -> bool:
+    """Whether the target-only endpoints get an engine of their own: the reference engine with Medusa heads
+    speculates for every request it serves, as TensorRT-LLM's Medusa engine does, so a target-only endpoint on it
+    would measure Medusa against Medusa. (The engine flow's target-only endpoints share the Medusa engine:
+    docs/medusa.md.)"""
+    return cfg.engine is EngineKind.reference and in_engine(cfg.speculative.method)
+
+
 def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_input_names: dict[str, str],
                   guided: GuidedSettings | None = None, version: str | None = None) -> LoopSettings:
     spec = cfg.speculative
@@ -187,7 +197,7 @@ def loop_settings(cfg: BuildConfig, *, baseline: bool, uses_model: bool, engine_
         guided=guided,
         speculative=spec,
         max_input_len=cfg.limits.max_input_len,
-        target_model=TARGET,
+        target_model=TARGET_ONLY if baseline and target_only_engine(cfg) else TARGET,
         draft_model=DRAFT if uses_model else None,
         draft_disabled=baseline,
         engine_reports_drafts=engine_reports_drafts,
@@ -245,7 +255,9 @@ def _engine_config(
     trtllm_version: str | None,
     kv_fraction: float | None,
     kernel_dir: Path | None = None,
+    speculates: bool = True,
 ) -> mc.ModelConfig:
+    """`speculates` false: the target as target-only (no Medusa heads)."""
     model = getattr(cfg, role)
     config = engine_io(load_template(TARGET), trtllm_version)
     config.name = name
@@ -275,7 +287,7 @@ def _engine_config(
             **({"kernel_dir": Path(kernel_dir).resolve()}
                if kernel_dir is not None and model.linear_kernels == "compiled" else {}),
         )
-        if role == "target" and in_engine(cfg.speculative.method):
+        if role == "target" and speculates and in_engine(cfg.speculative.method):
             _set_params(config, medusa_heads=checkpoint_path(cfg, "draft").resolve(), **_medusa_params(cfg))
         if role == "target" and drafts_in_target(cfg):
             _set_params(config, eagle3_head=checkpoint_path(cfg, "draft").resolve())
@@ -382,6 +394,9 @@ def _write_models(
     target = _engine_config(cfg, "target", TARGET, target_engine_dir, version, fractions.get("target"), kernel_dir)
     _guided_params(target, guided, reference)
     w.write(w.batch(target), engine_py)
+    if target_only_engine(cfg):
+        w.write(w.batch(_engine_config(cfg, "target", TARGET_ONLY, target_engine_dir, version, fractions.get("target"),
+                                       kernel_dir, speculates=False)), engine_py)
     if guided is not None:  # what NVIDIA's generate_xgrammar_tokenizer_info.py writes
         write_tokenizer_info(tokenizer_dir, partial / TARGET)
     if cfg.draft is not None and uses_model:

@@ -25,7 +25,7 @@ from trtspec.bench.loop_stats import (
     stats_delta,
 )
 from trtspec.contract import NUM_DRAFT_TOKENS
-from trtspec.contract.models import BASELINE, ENSEMBLE
+from trtspec.contract.models import BASELINE, DRAFT, ENSEMBLE, TARGET_ENGINES
 from trtspec.spec.metrics import SpecStats
 from trtspec.spec.speculative import solve_alpha
 
@@ -236,10 +236,10 @@ def summarize_endpoint(recs: list[LoopRecord], k: int, streaming: bool) -> dict[
         "tokens_per_s": tokens / wall if wall else None,
         "iterations": iters,
         "engine_s": eng / 1e9,
-        "target_calls": engine_calls(delta, "tensorrt_llm"),
-        "draft_calls": engine_calls(delta, "tensorrt_llm_draft"),
-        "target_engine_s": engine_ns(delta, ["tensorrt_llm"]) / 1e9,
-        "draft_engine_s": engine_ns(delta, ["tensorrt_llm_draft"]) / 1e9,
+        "target_calls": sum(engine_calls(delta, m) for m in TARGET_ENGINES),
+        "draft_calls": engine_calls(delta, DRAFT),
+        "target_engine_s": engine_ns(delta, TARGET_ENGINES) / 1e9,
+        "draft_engine_s": engine_ns(delta, [DRAFT]) / 1e9,
         "pre_post_s": engine_ns(delta, ["preprocessing", "postprocessing"]) / 1e9,
         "overhead_per_iteration_s": overhead_per_iteration(wall, eng, iters),
     }

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-ENGINE_MODELS = ("tensorrt_llm", "tensorrt_llm_draft")
+from trtspec.contract.models import ENGINE_MODELS
+
 ENGINE_BUSY = "engine_busy"  # the reference engine's forward time (fetch_stats), beside Triton's parts
 STAT_PARTS = ("success", "queue", "compute_input", "compute_infer", "compute_output", ENGINE_BUSY)
 ENGINE_PARTS = ("compute_input", "compute_infer", "compute_output", ENGINE_BUSY)
