@@ -568,6 +568,27 @@ def test_controller_prices_the_in_engine_drafters_catch_up_as_measured():
     assert ctl.next_draft_len("model", 3, load=4, missed=40, remaining=4000) >= 1  # spread over a long answer
 
 
+def test_a_cpus_draft_rows_are_priced_by_what_a_drafting_call_measured_at_the_load():
+    # This CPU's kernels: a step of 2-4 rows costs what one does, a 5th adds ~29%. The steps by their tokens (flat
+    # at 2-4, a few at 5-6) put a line through that cliff, which priced a draft row at 4 in flight at a fifth of a
+    # share: prompt lookup at 0.6 drafted, and the held-out chat cells read 0.90x target-only through Triton. A
+    # drafting call's own time at the load prices it; where that call measured the rows as cheap, drafting pays.
+    key = estimate_key("ngram", 2)
+
+    def controller(drafting_call_s: float) -> GoodputController:
+        ctl = _controller(probe_every=8, batched_steps=False)
+        for i in range(40):
+            for tokens in (2, 3, 4):
+                ctl.record(4, None, 0, 0, 0.040, step_tokens=tokens)
+            ctl.record(4, key, 1, int(i % 5 < 3), drafting_call_s, step_tokens=5 + i % 2)
+        for tokens, seconds in ((5, 0.052), (6, 0.058)):
+            ctl.est.step_s[tokens] = seconds  # the cliff, as the steps measured it
+        return ctl
+
+    assert controller(0.052).choose(4, {key: 1}, may_probe=False).k == 0
+    assert controller(0.041).choose(4, {key: 1}, may_probe=False).k == 1
+
+
 def test_a_probe_of_the_in_engine_drafter_is_one_requests_not_every_asking_ones():
     # 8 requests in flight each ask the controller before the one probing has drafted: asked-for probes were all
     # taken (each paying its head's catch-up: 8 catch-ups where 1 was due, 0.66x target-only at 8 in flight)

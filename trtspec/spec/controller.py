@@ -105,6 +105,13 @@ class GoodputController(EngineCosts):
                 # carry waits and the others' prefill, which read rows as cheaper.
                 near = self.request_cost(n)
                 rows = [max(r, k * near) for k, r in enumerate(rows)]
+                # Compute-bound, each request's rows add to the step what one request's rows add: a drafting call's
+                # own extra time at this load prices them. On this project's CPU kernels 4 rows cost what one does
+                # and a 5th adds a quarter of a step, a cliff that the line through the steps flattens.
+                own = self._verify_curve(n, kmax)
+                if own is not None:
+                    extra = np.maximum.accumulate([max(c - own[0], 0.0) for c in own])
+                    rows = [max(r, float(e)) for r, e in zip(rows, extra)]
         else:
             rows = [max(v - verify[0], 0.0) for v in verify]
         return verify[0], rows
