@@ -331,7 +331,7 @@ def test_sampling_walk_and_stops(engines, demo_pair):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, demo_pair):
-    from trtspec.repository import generate_repository
+    from trtspec.repository import generate_repository, list_models
     from trtspec.server import ServerOptions, create_server
 
     cfg = parse_config(
@@ -346,7 +346,16 @@ def server(tmp_path_factory, demo_pair):
     )
     repo = generate_repository(cfg, tmp_path_factory.mktemp("repo") / "model_repository")
     assert not (repo / "tensorrt_llm_draft").exists()  # the heads speculate inside the target engine
-    assert (repo / "tensorrt_llm_target_only").exists()  # ... so the target-only endpoints get one without them
+    # ... so the target-only endpoints get one without them, the same engine otherwise (guided decoding included)
+    models = list_models(repo)
+    with_heads, target_only = models["tensorrt_llm"], models["tensorrt_llm_target_only"]
+    medusa_params = {"medusa_heads", "medusa_choices"}
+    assert medusa_params <= set(with_heads.parameters) and not medusa_params & set(target_only.parameters)
+    for p in medusa_params:
+        del with_heads.parameters[p]
+    with_heads.name = target_only.name
+    assert with_heads == target_only
+    assert "guided_decoding_backend" in target_only.parameters
     with create_server(ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto")) as s:
         s.wait_ready(300)
         yield s

@@ -391,12 +391,12 @@ def _write_models(
 
     engine_py = TEMPLATES / "reference_engine" / "1" / "model.py" if cfg.engine is EngineKind.reference else None
     reference = cfg.engine is EngineKind.reference
-    target = _engine_config(cfg, "target", TARGET, target_engine_dir, version, fractions.get("target"), kernel_dir)
-    _guided_params(target, guided, reference)
-    w.write(w.batch(target), engine_py)
-    if target_only_engine(cfg):
-        w.write(w.batch(_engine_config(cfg, "target", TARGET_ONLY, target_engine_dir, version, fractions.get("target"),
-                                       kernel_dir, speculates=False)), engine_py)
+    # the target, and where it speculates by itself for every request, the target-only endpoints' own copy of it
+    for name, speculates in ((TARGET, True), *(((TARGET_ONLY, False),) if target_only_engine(cfg) else ())):
+        target = _engine_config(cfg, "target", name, target_engine_dir, version, fractions.get("target"), kernel_dir,
+                                speculates=speculates)
+        _guided_params(target, guided, reference)
+        w.write(w.batch(target), engine_py)
     if guided is not None:  # what NVIDIA's generate_xgrammar_tokenizer_info.py writes
         write_tokenizer_info(tokenizer_dir, partial / TARGET)
     if cfg.draft is not None and uses_model:
