@@ -589,6 +589,40 @@ def test_a_cpus_draft_rows_are_priced_by_what_a_drafting_call_measured_at_the_lo
     assert controller(0.041).choose(4, {key: 1}, may_probe=False).k == 1
 
 
+def test_a_request_answered_in_one_run_still_drafts_where_lookup_or_a_probe_would():
+    # Once the deployment has stopped drafting, a request that is not streamed takes its plain calls as whole runs
+    # (target-only's calls). A run of 16 tokens answers a short request in one call: it never looks up a match its
+    # answer makes, nor takes the deployment's probe, which only a later call does; a quiet deployment that gets
+    # short answers never drafted again (grounded prompts alone, where prompt lookup pays 1.4x: nothing drafted, in
+    # CI). A whole run is taken only where nothing would draft within it.
+    from trtspec.config import SpeculativeConfig
+    from trtspec.spec.drafters import Proposal
+    from trtspec.spec.planner import Planner, RequestPolicy
+    from trtspec.spec.speculative import PLAIN_RUN_MAX
+
+    def first_call_asks(selection, lookup_acceptance=0.9, model_probed_now=False):
+        spec = SpeculativeConfig.of(3, 3, draft_length_policy="adaptive", adaptive={"batched_steps": False})
+        est = Estimates()
+        ctl = GoodputController(est, spec.adaptive)
+        for _ in range(200):  # plain steps at 1 in flight, long past the last choice to draft
+            ctl.record(1, None, 0, 0, 0.040)
+        est.verify_s[3, 1], est.verify_n[3, 1] = 0.060, 10  # 3 rows alone: half a step more
+        si = ESTIMATE_KEYS.index(estimate_key("ngram", 3))
+        est.reached[si, :3], est.accepted[si, :3] = 50.0, 50.0 * lookup_acceptance
+        if model_probed_now:
+            est.last_drafted[ESTIMATE_KEYS.index("model")] = est.clock[0]
+        assert not ctl.drafting_lately(1)
+        planner = Planner(spec, est, RequestPolicy(16, 3, True, selection), ("ngram", "model")
+                          if selection == "hybrid" else (selection,))
+        return planner.plan(1, [0, 5, 6, 7], lambda s, seq, k: Proposal([])).plain
+
+    assert first_call_asks("hybrid") == 1  # lookup drafts a match here: the answer may make one
+    assert first_call_asks("ngram") == 1
+    assert first_call_asks("ngram", lookup_acceptance=0.1) == PLAIN_RUN_MAX  # it would not: target-only's calls
+    assert first_call_asks("model") == 1  # the deployment's probe is due: the next call takes it
+    assert first_call_asks("model", model_probed_now=True) == PLAIN_RUN_MAX
+
+
 def test_a_probe_of_the_in_engine_drafter_is_one_requests_not_every_asking_ones():
     # 8 requests in flight each ask the controller before the one probing has drafted: asked-for probes were all
     # taken (each paying its head's catch-up: 8 catch-ups where 1 was due, 0.66x target-only at 8 in flight)

@@ -224,13 +224,19 @@ class GoodputController(EngineCosts):
             return True
         return float(self.est.clock[0] - self.est.last_chosen.max()) <= self.settings.probe_every * step
 
+    def would_draft(self, load: int, candidates: Mapping[str, int], remaining: int | None = None) -> bool:
+        """Whether drafting from one of `candidates` (as choose takes them) pays at `load` now; no probe, nothing
+        marked."""
+        best = self._best(load, candidates, remaining=remaining)
+        return best is not None and best.source is not None
+
     def _chose(self, choice: Choice | None) -> Choice | None:
         """Marks a request's choice to draft (not a probe's) for drafting_lately."""
         if choice is not None and choice.source is not None and choice.k > 0:
             self.est.last_chosen[ESTIMATE_KEYS.index(choice.source)] = self.est.clock[0]
         return choice
 
-    def _probe_due(self, source: str, load: int, head_missed: int = 0) -> bool:
+    def probe_due(self, source: str, load: int, head_missed: int = 0) -> bool:
         """A probe of `source` is due once the deployment has run, since the source last drafted (or was learnt),
         long enough that the probe costs it a bounded share of its time: its plain step `probe_every` times, and
         the probe's draft call PROBE_SHARE^-1 times, both times the source's backoff. In time, not in iterations:
@@ -273,7 +279,7 @@ class GoodputController(EngineCosts):
         best = self._chose(self._best(load, {source: cap}, remaining=remaining, head_missed=missed))
         if best is not None and best.source == source:
             return best
-        if may_probe and self._probe_due(source, load, missed):
+        if may_probe and self.probe_due(source, load, missed):
             if not self.batched():  # each probe pays its own catch-up: one at a time, spaced out as they fail
                 self._mark_probe(source)  # (batched, probes are cheap and several together learn faster)
             return Choice(source, self._probe_len(source, cap), probe=True)
@@ -332,7 +338,7 @@ class GoodputController(EngineCosts):
         if best is None:
             return Choice(None, 0)  # measure a plain step first
         # Probes are the deployment's, like the estimates they feed: one request's probe informs every request, so a
-        # source is probed once the deployment has gone long enough without it (_probe_due), not every request.
+        # source is probed once the deployment has gone long enough without it (probe_due), not every request.
         est = self.est
         if best.source is not None:
             est.probe_backoff[ESTIMATE_KEYS.index(best.source)] = 1.0
@@ -341,7 +347,7 @@ class GoodputController(EngineCosts):
             # alone (row_costs): with others in flight a probe of it would learn nothing and lengthen their step
             if not needs_draft_model(source) and load_key(load) != ALONE:
                 continue
-            if may_probe and source != best.source and cap > 0 and self._probe_due(source, load):
+            if may_probe and source != best.source and cap > 0 and self.probe_due(source, load):
                 self._mark_probe(source)
                 return Choice(source, self._probe_len(source, cap), probe=True)
         return best

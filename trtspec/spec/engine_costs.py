@@ -42,6 +42,8 @@ class EngineCosts:
     @staticmethod
     def _nearest_load(counts: np.ndarray, n: int) -> int | None:
         """The load nearest n with any k measured (n itself first); None if there is none."""
+        if counts[:, n].any():
+            return n
         loads = nonzero(counts.any(axis=0))
         return None if loads.size == 0 else int(loads[np.argmin(np.abs(loads - n))])
 
@@ -98,9 +100,8 @@ class EngineCosts:
         `load` to load * (1 + kmax) tokens): the slope of the steps measured by the tokens in them, through the
         measured steps between half the load's tokens and the most a drafting batch would hold (least squares).
         Memory-bound steps read draft rows as nearly free; compute-bound ones price each. 0 when unmeasured."""
-        tokens = nonzero(self.est.step_n)
         n = load_key(load)
-        near = tokens[(tokens >= max(1, n // 2)) & (tokens <= max(2 * n, n * (1 + kmax)))]
+        near = nonzero(self.est.step_n, max(1, n // 2), max(2 * n, n * (1 + kmax)))
         if near.size < 2:
             return 0.0
         return _slope(near, self.est.step_s[near])
@@ -117,8 +118,7 @@ class EngineCosts:
         n = load_key(load)
         if n == ALONE:
             return None
-        tokens = nonzero(self.est.step_n)
-        near = tokens[(tokens >= max(1, n // 2)) & (tokens <= 2 * n * (1 + kmax))]
+        near = nonzero(self.est.step_n, max(1, n // 2), 2 * n * (1 + kmax))
         if near.size < 2 or near[-1] < n:
             return None
         y = self.est.step_s[near]
@@ -287,8 +287,7 @@ class EngineCosts:
         steps measured from half of `low` to twice `high` tokens. Where none of them reaches halfway to `high`, the
         nearest step measured beyond joins them: a step's cost grows with its tokens no faster than where it is
         compute-bound, so that slope bounds the one in between. None: fewer than two steps measured."""
-        tokens = nonzero(self.est.step_n)
-        tokens = tokens[tokens >= max(1, low // 2)]
+        tokens = nonzero(self.est.step_n, max(1, low // 2))
         near = tokens[tokens <= 2 * high]
         if near.size and near[-1] < (low + high) / 2:
             if tokens.size == near.size:

@@ -179,11 +179,27 @@ class Planner:
                 next_k, self.announced = asked.k, asked.k if asked.probe else 0
             else:
                 next_k = k
-        stretch = None if self.stretch is None else self.stretch + 1
-        if stretch is not None and pol.adaptive and not self.controller.drafting_lately(load):
-            stretch = None  # the deployment drafts nowhere now: whole runs, target-only's calls, until a probe pays
-        plain = plain_run(stretch, remaining) if self.runs and not next_k else 1
+        plain = 1
+        if self.runs and not next_k:
+            stretch = None if self.stretch is None else self.stretch + 1
+            if stretch is not None and pol.adaptive and not self._may_draft_soon(load, usable, k, missed, remaining):
+                stretch = None  # the deployment drafts nowhere now: whole runs, target-only's calls, until a probe pays
+            plain = plain_run(stretch, remaining)
         return Plan(source, key, n, tokens, probe, next_k, plain, missed, lookup_only, k)
+
+    def _may_draft_soon(self, load: int, usable: Sequence[str], k: int, missed: int, remaining: int) -> bool:
+        """Whether this request may draft within a plain run's tokens: the deployment chose to draft lately; prompt
+        lookup drafts a match at this load (the answer can make one mid-run, which a whole run steps past); or the
+        deployment's probe of the draft model is due (a request takes it on a later call, which a request answered
+        in one run never makes: short answers, once the deployment stopped drafting, would never probe again)."""
+        ctl = self.controller
+        if ctl.drafting_lately(load):
+            return True
+        lookup = {estimate_key(s, SOURCES[s].match_levels): k for s in usable if not SOURCES[s].needs_draft_model}
+        if lookup and ctl.would_draft(load, lookup, remaining):
+            return True
+        return any(ctl.probe_due(s, load, missed if self.in_target else 0)
+                   for s in usable if SOURCES[s].needs_draft_model)
 
     def outcome(
         self,
