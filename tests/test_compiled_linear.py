@@ -192,10 +192,21 @@ def test_linear_kernels_is_refused_outside_the_reference_engine(tiny):
                                                                           "linear_kernels": "compiled"}}, check_paths=False)
 
 
+def test_an_engine_serves_with_one_torch_thread_on_a_cpu_unless_told_otherwise():
+    from trtspec.reference_engine.device import CPU_THREADS_PER_ENGINE, serving_threads
+
+    assert serving_threads("cpu", {}) == CPU_THREADS_PER_ENGINE == 1
+    assert serving_threads("cuda", {}) is None  # a GPU's engine: torch's default
+    assert serving_threads("cpu", {"TRTSPEC_TORCH_THREADS": "2"}) == 2
+    assert serving_threads("cpu", {"TRTSPEC_TORCH_THREADS": "0"}) is None
+
+
 @pytest.mark.slow
 def test_a_served_engine_runs_on_the_deployments_compiled_kernels(tiny, kernels, tmp_path, monkeypatch):
-    """Through Triton: the model process (one torch thread, as served) loads <out>/kernels; its logits are bitwise
-    those of an in-process engine on the same kernels (other kernels differ in the last bits)."""
+    """Through Triton: the model process loads <out>/kernels; its logits are bitwise those of an in-process engine
+    on the same kernels (other kernels differ in the last bits). Nothing in the server's environment sets its
+    threads: a CPU engine serves with one whoever starts it (with torch's default, `trtspec serve` of a built
+    repository ran without the kernels, 2.5x slower per token than the bench measured)."""
     import numpy as np
     import tritonclient.http as httpclient
 
@@ -214,7 +225,7 @@ def test_a_served_engine_runs_on_the_deployments_compiled_kernels(tiny, kernels,
     monkeypatch.setattr(device, "LINEAR_KERNELS", "mkl+onednn")
     other = ReferenceEngine(tiny, device="cpu", dtype="float32").run(EngineRequest(input_ids=prompt, output_len=n, return_generation_logits=True))
     assert not np.array_equal(other.generation_logits, want.generation_logits)  # the check below can tell them apart
-    monkeypatch.setenv("TRTSPEC_TORCH_THREADS", "1")
+    monkeypatch.delenv("TRTSPEC_TORCH_THREADS", raising=False)
     opts = ServerOptions(repo, http_port="auto", grpc_port="auto", metrics_port="auto",
                          model_control_mode="explicit", load_models=["tensorrt_llm"])
     with create_server(opts) as s:

@@ -5,7 +5,6 @@ Ctrl-C)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,19 +29,6 @@ def server_pids(server: TritonServer) -> list[int]:
     except Exception:  # noqa: BLE001 - best effort (not Linux, process gone)
         members = []
     return sorted({pid, *members})
-
-
-def engine_env(cfg: BuildConfig) -> dict[str, str]:
-    """On CPU, one torch thread per engine process unless $TRTSPEC_TORCH_THREADS says otherwise: the draft and
-    the target run in separate processes, and two OpenMP pools spinning on the same few cores slow every
-    forward pass down many times (measured on a busy 2-core machine: 24 demo tokens in 4 s with one thread
-    per engine, 60 s with torch's default)."""
-    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and shutil.which("nvidia-smi") is None)
-    if on_cpu and not os.environ.get("TRTSPEC_TORCH_THREADS"):
-        from trtspec.reference_engine.device import CPU_THREADS_PER_ENGINE
-
-        return {"TRTSPEC_TORCH_THREADS": str(CPU_THREADS_PER_ENGINE)}
-    return {}
 
 
 def prepare_checkpoints(cfg: BuildConfig, say: Callable[[str], None]) -> None:
@@ -98,7 +84,6 @@ def local_deployment(
             grpc_port="auto",
             metrics_port="auto",
             log_file=log_file or tmp / "triton.log",
-            extra_env=engine_env(cfg),
         )
         server = create_server(watchable(options))  # a soak with faults reloads engines through model control
         step("starting Triton and loading the models")

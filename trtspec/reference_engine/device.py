@@ -44,9 +44,10 @@ def bf16_exact(flags: frozenset[str] | None = None) -> bool:
     return bool(set(BF16_EXACT_FLAGS) & (cpu_flags() if flags is None else flags))
 
 
-# torch threads per engine process when serving on CPU (trtspec.bench.local.engine_env sets it for the demo and
-# local deployments; bench-engine measures with it): the draft and the target run in separate processes, and
-# OpenMP pools of several threads each on a few shared cores slow every forward down many times.
+# torch threads per engine process when serving on CPU (serving_threads; bench-engine measures with it): the draft
+# and the target run in separate processes, and OpenMP pools of several threads each on a few shared cores slow
+# every forward down many times (a busy 2-core machine: 24 demo tokens in 4 s with one thread per engine, 60 s
+# with torch's default).
 CPU_THREADS_PER_ENGINE = 1
 
 # The kernels of the float32 decoder Linear layers on CPU with one torch thread (tune_for_cpu), and of a plain LM
@@ -180,6 +181,15 @@ def pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
+
+
+def serving_threads(device: str, environ: typing.Mapping[str, str] = os.environ) -> int | None:
+    """The torch threads an engine process serves with: $TRTSPEC_TORCH_THREADS where set (0: torch's default), else
+    CPU_THREADS_PER_ENGINE on CPU, whatever started the server (`trtspec serve`, a bench, tritonserver itself, a
+    Kubernetes pod); None: leave torch's default (a GPU's)."""
+    if environ.get("TRTSPEC_TORCH_THREADS"):
+        return int(environ["TRTSPEC_TORCH_THREADS"]) or None
+    return CPU_THREADS_PER_ENGINE if pick_device(device) == "cpu" else None
 
 
 def describe_precision(requested: str, device: str = "auto") -> str:

@@ -6,7 +6,6 @@ and gives them the executor's meaning. The logic (request parsing, refusals, out
 trtspec.reference_engine; this file moves tensors.
 """
 
-import os
 import time
 
 import triton_python_backend_utils as pb_utils
@@ -18,6 +17,7 @@ from trtspec.reference_engine.batching import BatchScheduler, QueueFull
 from trtspec.medusa import from_pbtxt
 from trtspec.spec.metrics import EngineGauges
 from trtspec.reference_engine import ReferenceEngine, RequestTensorError, request_from_tensors, result_tensors
+from trtspec.reference_engine.device import serving_threads
 
 
 class TritonPythonModel:
@@ -29,8 +29,8 @@ class TritonPythonModel:
     def initialize(self, args):
         log_to_stderr()  # into the server log
         params = io.model_parameters(args)
-        threads = int(os.environ.get("TRTSPEC_TORCH_THREADS", "0"))
-        if threads > 0:  # several servers or models sharing few cores: oversubscribed OpenMP is very slow
+        threads = serving_threads(params.get("device", "auto"))
+        if threads is not None:  # engines sharing few cores: oversubscribed OpenMP pools are very slow
             import torch
 
             torch.set_num_threads(threads)
