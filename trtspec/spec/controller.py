@@ -236,13 +236,14 @@ class GoodputController(EngineCosts):
             self.est.last_chosen[ESTIMATE_KEYS.index(choice.source)] = self.est.clock[0]
         return choice
 
-    def probe_due(self, source: str, load: int, head_missed: int = 0) -> bool:
+    def probe_due(self, source: str, load: int, head_missed: int = 0, missed: int = 0) -> bool:
         """A probe of `source` is due once the deployment has run, since the source last drafted (or was learnt),
         long enough that the probe costs it a bounded share of its time: its plain step `probe_every` times, and
         the probe's draft call PROBE_SHARE^-1 times, both times the source's backoff. In time, not in iterations:
         with many requests in flight, iterations come many to a step, and every request in the step waits for a
-        probe's draft call. A probe of the target's own drafter that catches it up on `head_missed` positions
-        costs that catch-up, bounded the same way."""
+        probe's draft call. The draft call catches the draft model up on the `missed` tokens first (a request that
+        has not drafted: its whole sequence), and a probe of the target's own drafter catches it up on
+        `head_missed` positions: each costs that catch-up, bounded the same way."""
         si = ESTIMATE_KEYS.index(source)
         est = self.est
         step = self.verify_cost(0, load)
@@ -251,8 +252,10 @@ class GoodputController(EngineCosts):
         interval = self.settings.probe_every * step
         if needs_draft_model(source):
             rates = self.draft_rates(1)
-            if rates is not None:  # what the probe's draft call costs the deployment: drafting alone
-                interval = max(interval, rates[0] * self._probe_len(source, MAX_POSITIONS) / PROBE_SHARE)
+            if rates is not None:  # what the probe's draft call costs the deployment: drafting alone, caught up
+                call = rates[0] * self._probe_len(source, MAX_POSITIONS) + self.catchup_cost(max(0, missed - 2), load,
+                                                                                            rates)
+                interval = max(interval, call / PROBE_SHARE)
         if head_missed > 0:
             interval = max(interval, self.head_catchup_cost(head_missed, load) / PROBE_SHARE)
         return float(est.clock[0] - est.last_drafted[si]) >= interval * max(1.0, float(est.probe_backoff[si]))
@@ -347,7 +350,7 @@ class GoodputController(EngineCosts):
             # alone (row_costs): with others in flight a probe of it would learn nothing and lengthen their step
             if not needs_draft_model(source) and load_key(load) != ALONE:
                 continue
-            if may_probe and source != best.source and cap > 0 and self.probe_due(source, load):
+            if may_probe and source != best.source and cap > 0 and self.probe_due(source, load, missed=missed):
                 self._mark_probe(source)
                 return Choice(source, self._probe_len(source, cap), probe=True)
         return best
