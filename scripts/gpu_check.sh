@@ -9,7 +9,7 @@
 #   bench     trtspec bench-engine (decode, verify 2/4/8, batch 4/8/16, the limit) per dtype, NVML sampling it
 #   exactness tests/test_engine_exactness.py and test_engine_precision.py on that pair and device
 #   heads     tests/test_heads_exactness.py: the shipped EAGLE-3 head and Medusa heads on that target, every dtype
-#   plainstep scripts/bench_eagle3_plain_step.py: a plain step with the EAGLE-3 head loaded against the baseline's
+#   plainstep scripts/bench_eagle3_plain_step.py --warm: a plain step with the EAGLE-3 head loaded against the baseline's
 #   logits    one position's logits in a decode, a verify and a batch of 16: differences and the top-2 margin
 #   machine   machine.py's NVML GPU detection, one NVML read, `trtspec doctor` on the pair
 set -u
@@ -73,7 +73,7 @@ part heads 150 env TRTSPEC_TEST_DEVICE="$DEVICE" TRTSPEC_TEST_PAIR="$ROOT/target
   "$PY" -m pytest -q -s -rfEsxX -p no:cacheprovider tests/test_heads_exactness.py "${TEST_FILTER[@]}" \
   --junitxml="$OUT/heads.xml"
 for dt in $([ "$DEVICE" = cpu ] && echo float32 || echo float32 bfloat16); do
-  part "plainstep-$dt" 90 "$PY" scripts/bench_eagle3_plain_step.py --device "$DEVICE" --dtype "$dt" \
+  part "plainstep-$dt" 240 "$PY" scripts/bench_eagle3_plain_step.py --device "$DEVICE" --dtype "$dt" --warm \
     --target "$ROOT/target" --rounds "$([ -n "$SMALL" ] && echo 3 || echo 12)" --json "$OUT/plainstep-$dt.json"
 done
 part logits 60 "$PY" scripts/gpu_check.py logits "$ROOT" --device "$DEVICE" --dtypes "$([ "$DEVICE" = cpu ] && echo float32 || echo "$DTYPES")" --out "$OUT"
