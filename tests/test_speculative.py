@@ -589,6 +589,21 @@ def test_a_cpus_draft_rows_are_priced_by_what_a_drafting_call_measured_at_the_lo
     assert controller(0.041).choose(4, {key: 1}, may_probe=False).k == 1
 
 
+def test_a_draft_model_probe_is_spaced_by_its_whole_call_the_catch_up_included():
+    # A probe's draft call catches the draft model up on what it missed first (a request that has not drafted: its
+    # whole sequence). Priced by its drafted tokens alone, probes of the demo's draft at 4 in flight cost the
+    # deployment ~29 ms each on this CPU, far past the share PROBE_SHARE allows.
+    dep, ctl = Deployment([0.8], draft_per_token=0.004), _controller()
+    _ks(dep, ctl, 100, load=1)
+    for _ in range(5):  # catch-up prefills measured at 2 ms per missed token
+        ctl.record(1, "model", 2, 2, 0.048, ctl.draft_cost("model", 2, 1) + 0.002 * 40, missed=42)
+    si = ESTIMATE_KEYS.index("model")
+    ctl.est.probe_backoff[si] = 1.0
+    ctl.est.last_drafted[si] = ctl.est.clock[0] - 10.0  # 10 s of the deployment's time without drafting
+    assert ctl.probe_due("model", 1, missed=2)  # no catch-up: a probe drafting up to 64 tokens is due after ~5 s
+    assert not ctl.probe_due("model", 1, missed=1000)  # ~2 s more of catch-up: due after ~45 s
+
+
 def test_a_request_answered_in_one_run_still_drafts_where_lookup_or_a_probe_would():
     # Once the deployment has stopped drafting, a request that is not streamed takes its plain calls as whole runs
     # (target-only's calls). A run of 16 tokens answers a short request in one call: it never looks up a match its

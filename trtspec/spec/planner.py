@@ -198,8 +198,8 @@ class Planner:
         lookup = {estimate_key(s, SOURCES[s].match_levels): k for s in usable if not SOURCES[s].needs_draft_model}
         if lookup and ctl.would_draft(load, lookup, remaining):
             return True
-        return any(ctl.probe_due(s, load, missed, 0) if self.in_target else ctl.probe_due(s, load, missed=missed)
-                   for s in usable if SOURCES[s].needs_draft_model)
+        head_missed, draft_missed = (missed, 0) if self.in_target else (0, missed)
+        return any(ctl.probe_due(s, load, head_missed, draft_missed) for s in usable if SOURCES[s].needs_draft_model)
 
     def outcome(
         self,
