@@ -441,7 +441,7 @@ STAT_FIELDS = set(st.STAT_KEYS)
 TOP_FIELDS = {"schema_version", "tool", "trtspec_version", "started_at", "duration_s", "settings", "prompts", "cells",
               "summary", "metrics_check", "profile", "requests", "files"}
 SETTINGS_FIELDS = {"url", "protocol", "metrics_url", "max_tokens", "concurrency", "draft_tokens", "draft_source",
-                   "draft_length_policy", "deployment_draft_length_policy", "k0_on_ensemble", "fixed_k", "requests_per_cell", "warmup_per_cell", "rounds", "profile"}
+                   "draft_length_policy", "deployment_draft_length_policy", "k0_on_ensemble", "stream", "fixed_k", "requests_per_cell", "warmup_per_cell", "rounds", "profile"}
 CELL_FIELDS = {"label", "concurrency", "num_draft_tokens", "endpoint", "speculative", "num_requests", "num_ok",
                "num_errors", "num_warmup", "errors", "wall_s", "rounds", "output_tokens", "output_tokens_per_s",
                "requests_per_s", "ended_early", "output_tokens_per_request", "ttft_s", "itl_token_s", "itl_chunk_s",
@@ -579,8 +579,9 @@ def test_sweep_results_json(sweep):
         assert 0 < r["ttft_s"] <= r["e2e_s"]
         assert r["response_times_s"] == sorted(r["response_times_s"])
         if r["endpoint"] == "baseline" or r["num_draft_tokens"] == 0:
+            # not drafting: one plain run (up to 16 tokens) that the engine streams, a token a response
             assert r["stats"]["total_draft_tokens"] == 0
-            assert r["stats"]["num_iterations"] >= r["output_tokens"]
+            assert r["stats"]["num_iterations"] == 1 and set(r["response_tokens"]) <= {0, 1}, r
 
     summary = res["summary"]
     assert set(summary) == SUMMARY_FIELDS
@@ -617,8 +618,8 @@ def test_sweep_results_json(sweep):
 
 @pytest.mark.slow
 def test_k0_on_ensemble_serves_like_the_baseline(sweep):
-    """num_draft_tokens=0 on the speculative endpoint is the baseline's computation: no draft token, one target
-    call per token, and (greedy) the same number of tokens for the same prompt."""
+    """num_draft_tokens=0 on the speculative endpoint is the baseline's computation: no draft token, the same target
+    calls (plain runs that the engine streams), a token a response, and (greedy) the same tokens for the prompt."""
     _, res, _ = sweep
     reqs = [r for r in res["requests"] if r["num_draft_tokens"] == 0]
     by_prompt = {}
@@ -630,7 +631,32 @@ def test_k0_on_ensemble_serves_like_the_baseline(sweep):
         assert ens["output_tokens"] == base["output_tokens"], key
         assert ens["stats"]["total_draft_tokens"] == ens["stats"]["num_drafts"] == 0, key
         assert ens["stats"]["num_iterations"] == base["stats"]["num_iterations"], key
-        assert max(ens["response_tokens"]) == 1, key  # one token per target call, as the baseline streams
+        assert max(ens["response_tokens"]) == 1, key  # a token a response, as the baseline streams
+
+
+@pytest.mark.slow
+def test_no_stream_answers_whole_and_the_baseline_in_runs_of_engine_steps(server, sweep, tmp_path):
+    """--no-stream: one response a request, no time to first token, the same greedy tokens as streamed; not
+    drafting, the baseline takes whole runs of engine steps (fewer target calls than tokens), where streamed it
+    takes one call per token (test_k0_on_ensemble_serves_like_the_baseline)."""
+    ep = server.endpoints
+    out = tmp_path / "whole"
+    result = CliRunner().invoke(cli, ["bench", "--url", ep.http_address, "--metrics-url", ep.metrics, "--output",
+                                      str(out), "--no-stream", "--concurrency", "1", "--draft-tokens", "0,2",
+                                      "--requests", "2", "--warmup", "0", "--max-tokens", "12", "--num-prompts", "2"])
+    assert result.exit_code == 0, result.output
+    assert "not streamed" in result.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["settings"]["stream"] is False and res["metrics_check"]["status"] == "ok"
+    streamed = {(r["prompt_id"], r["endpoint"]): r for r in sweep[1]["requests"] if r["concurrency"] == 1}
+    for r in res["requests"]:
+        assert r["num_responses"] == 1 and r["ttft_s"] is None and r["error"] is None, r
+        if r["endpoint"] == "baseline":
+            assert r["stats"]["num_iterations"] < r["output_tokens"], r
+            first = streamed[(r["prompt_id"], "baseline")]["output_tokens"]  # the sweep's MAX_TOKENS
+            assert r["output_tokens"] >= first, (r, first)
+    for cell in res["cells"]:
+        assert cell["ttft_s"]["n"] == 0 and cell["itl_token_s"]["n"] == 0, cell
 
 
 def _scrape(url):

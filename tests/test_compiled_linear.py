@@ -208,7 +208,7 @@ def test_a_served_engine_runs_on_the_deployments_compiled_kernels(tiny, kernels,
     threads: a CPU engine serves with one whoever starts it (with torch's default, `trtspec serve` of a built
     repository ran without the kernels, 2.5x slower per token than the bench measured)."""
     import numpy as np
-    import tritonclient.http as httpclient
+    import engine_client
 
     from trtspec.config import parse_config
     from trtspec.repository import generate_repository
@@ -230,13 +230,8 @@ def test_a_served_engine_runs_on_the_deployments_compiled_kernels(tiny, kernels,
                          model_control_mode="explicit", load_models=["tensorrt_llm"])
     with create_server(opts) as s:
         s.wait_ready(300)
-        with httpclient.InferenceServerClient(s.endpoints.http_address) as c:
-            inputs = []
-            for name, value, dtype in (("input_ids", [prompt], "INT32"), ("input_lengths", [[len(prompt)]], "INT32"),
-                                       ("request_output_len", [[n]], "INT32"), ("return_generation_logits", [[True]], "BOOL")):
-                t = httpclient.InferInput(name, [len(value), len(value[0])], dtype)
-                t.set_data_from_numpy(np.array(value, dtype=bool if dtype == "BOOL" else np.int32))
-                inputs.append(t)
-            r = c.infer("tensorrt_llm", inputs)
+        r = engine_client.infer(s.endpoints.grpc_address, "tensorrt_llm", engine_client.inputs({
+            "input_ids": np.array([prompt], np.int32), "input_lengths": np.array([[len(prompt)]], np.int32),
+            "request_output_len": np.array([[n]], np.int32), "return_generation_logits": np.array([[True]])}))
     got = r.as_numpy("generation_logits")[0, 0]
     assert np.array_equal(got, want.generation_logits)

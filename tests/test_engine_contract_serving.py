@@ -1,12 +1,15 @@
 """Through a real Triton: the reference engine's `tensorrt_llm` model takes every input NVIDIA's declares,
-serves the ones it implements and refuses each one it cannot honour by name, and stays ready."""
+serves the ones it implements and refuses each one it cannot honour by name, and stays ready. The model is decoupled
+(NVIDIA's decoupled_mode true): requests go over gRPC's stream (tests/engine_client.py)."""
 
 import time
 
 import numpy as np
 import pytest
-import tritonclient.http as httpclient
+import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
+
+import engine_client
 
 from trtspec.bench.metrics import scrape, value
 from trtspec.config import parse_config
@@ -50,7 +53,7 @@ def _inputs(extra: dict):
     for name, value in {**BASE, **extra}.items():
         t = CONTRACT.input(name)
         arr = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=NP[t.data_type])
-        i = httpclient.InferInput(name, list(arr.shape), t.data_type.removeprefix("TYPE_").replace("STRING", "BYTES"))
+        i = grpcclient.InferInput(name, list(arr.shape), t.data_type.removeprefix("TYPE_").replace("STRING", "BYTES"))
         i.set_data_from_numpy(arr)
         out.append(i)
     return out
@@ -73,10 +76,29 @@ def endpoints(tmp_path_factory, tiny_target):
         yield s.endpoints
 
 
+class Client:
+    """The engine model's requests (decoupled: gRPC's stream), and the server's health over HTTP."""
+
+    def __init__(self, endpoints):
+        self.url = endpoints.grpc_address
+        self.health = grpcclient.InferenceServerClient(self.url)
+
+    def infer(self, model, inputs, outputs=None):
+        return engine_client.infer(self.url, model, inputs, outputs)
+
+    def responses(self, model, inputs, outputs=None):
+        return engine_client.responses(self.url, model, inputs, outputs)
+
+    def is_server_ready(self):
+        return self.health.is_server_ready()
+
+    def is_model_ready(self, name):
+        return self.health.is_model_ready(name)
+
+
 @pytest.fixture(scope="module")
 def client(endpoints):
-    with httpclient.InferenceServerClient(endpoints.http_address) as c:
-        yield c
+    return Client(endpoints)
 
 
 def test_every_served_input_at_once(client):
@@ -86,7 +108,7 @@ def test_every_served_input_at_once(client):
     assert set(SERVED) | set(BASE) | set(UNSUPPORTED_INPUTS) | set(DEFAULTS) | {"draft_input_ids", "draft_logits", "stop"} \
         | guide == {t.name for t in CONTRACT.inputs}
     wanted = [t.name for t in CONTRACT.outputs if t.name not in ("batch_index", "sequence_index", "context_phase_params")]
-    r = client.infer("tensorrt_llm", _inputs(SERVED), outputs=[httpclient.InferRequestedOutput(n) for n in wanted])
+    r = client.infer("tensorrt_llm", _inputs(SERVED), outputs=wanted)
     ids, n = r.as_numpy("output_ids"), int(r.as_numpy("sequence_length")[0, 0])
     assert ids.shape[:2] == (1, 1) and n == ids.shape[-1] and 1 <= n <= 3  # exclude_input_in_output: new tokens only
     assert r.as_numpy("output_log_probs").shape == (1, 1, n) and r.as_numpy("cum_log_probs").shape == (1, 1)
@@ -103,10 +125,10 @@ def test_verify_with_draft_tokens(client):
     assert r.as_numpy("output_ids")[0, 0, :4].tolist() == [1, 2, 3, 2]
 
 
-@pytest.mark.parametrize("name", sorted(set(UNSUPPORTED_INPUTS) | set(NON_DEFAULT) | {"streaming"}))
+@pytest.mark.parametrize("name", sorted(set(UNSUPPORTED_INPUTS) | set(NON_DEFAULT)))
 def test_unsupported_input_is_refused_by_name(client, name):
     t = CONTRACT.input(name)
-    value = {"streaming": np.array([[True]])}.get(name)
+    value = None
     if name in NON_DEFAULT:
         value = np.full([1] + [1] * len(t.dims), NON_DEFAULT[name], dtype=NP[t.data_type])
     with pytest.raises(InferenceServerException, match=name):
@@ -114,9 +136,33 @@ def test_unsupported_input_is_refused_by_name(client, name):
     assert client.is_server_ready() and client.is_model_ready("tensorrt_llm")
 
 
+def test_a_streamed_answer_comes_a_step_at_a_time_as_the_executor_sends_it(client):
+    """streaming=true: each response carries the tokens of the step that made them and no earlier one (never the
+    input, whatever exclude_input_in_output says), sequence_length counts them, and the final response carries the
+    finishing step's token with the perf metrics; the tokens are the answer that is not streamed."""
+    ask = {"input_ids": [[1, 2, 3, 2]], "input_lengths": [[4]], "request_output_len": [[6]],
+           "exclude_input_in_output": [[False]], "return_perf_metrics": [[True]]}
+    whole = client.infer("tensorrt_llm", _inputs(ask)).as_numpy("output_ids")[0, 0].tolist()
+    parts = client.responses("tensorrt_llm", _inputs({**ask, "streaming": [[True]]}))
+    assert len(parts) == 6
+    tokens = []
+    for r in parts:
+        n = int(r.as_numpy("sequence_length")[0, 0])
+        assert r.as_numpy("output_ids").shape == (1, 1, n) and n == 1
+        tokens += r.as_numpy("output_ids")[0, 0].tolist()
+    assert [1, 2, 3, 2] + tokens == whole
+    assert parts[-1].as_numpy("last_token_time_ns") is not None and parts[0].as_numpy("last_token_time_ns") is None
+
+
+@pytest.mark.parametrize("name", ["return_log_probs", "return_generation_logits", "return_context_logits"])
+def test_streaming_with_an_output_given_whole_only_is_refused_by_name(client, name):
+    with pytest.raises(InferenceServerException, match=name):
+        client.responses("tensorrt_llm", _inputs({"streaming": [[True]], name: [[True]]}))
+    assert client.is_model_ready("tensorrt_llm")
+
+
 def test_stop_is_an_empty_answer(client):
-    r = client.infer("tensorrt_llm", _inputs({"stop": [[True]], "request_output_len": [[0]]}), outputs=[])
-    assert r.get_response().get("outputs", []) == []
+    assert client.infer("tensorrt_llm", _inputs({"stop": [[True]], "request_output_len": [[0]]}), outputs=[]) is None
 
 
 def _generate(client, prompt, n=8):
@@ -138,8 +184,7 @@ def test_concurrent_requests_share_steps_and_queue_beyond_max_batch_size(client,
     _drained(endpoints)
     steps_before = value(scrape(endpoints.metrics), ENGINE_STEPS_COUNTER, model="tensorrt_llm")
     with ThreadPoolExecutor(8) as pool:
-        # one client per thread: an HTTP client object is not for concurrent use
-        together = list(pool.map(lambda p: _generate(httpclient.InferenceServerClient(endpoints.http_address), p, n), prompts))
+        together = list(pool.map(lambda p: _generate(client, p, n), prompts))  # a stream per request
     assert [tokens for tokens, _ in together] == solo
     assert client.is_server_ready()
     samples = _drained(endpoints)

@@ -176,11 +176,25 @@ def test_streamed_text_concatenates_to_the_whole_text(server):
         assert "\ufffd" not in whole.text
 
 
-def _draft_engine_requests(server) -> int:
-    """Requests Triton's statistics count for the draft model (each draft call is one)."""
-    with urllib.request.urlopen(f"http://{server.endpoints.http_address}/v2/models/tensorrt_llm_draft/stats", timeout=10) as r:
+def _draft_engine_requests(server, model: str = "tensorrt_llm_draft") -> int:
+    """Requests Triton's statistics count for the draft model (each draft call is one), or another `model`."""
+    with urllib.request.urlopen(f"http://{server.endpoints.http_address}/v2/models/{model}/stats", timeout=10) as r:
         stats = json.load(r)["model_stats"]
     return sum(int(m["inference_stats"]["success"]["count"]) for m in stats)
+
+
+def test_a_streamed_plain_run_streams_from_the_engine_a_token_a_response(server, baseline):
+    """Not drafting (the baseline endpoint, and num_draft_tokens 0 on the speculative one), a streamed request takes
+    plain runs that the engine streams: a token a response as each step makes it, and target-only's answer, in
+    fewer target calls than tokens (a call per token, each a round trip the engine waits for, is what target-only
+    served by the engine alone does not pay)."""
+    for model, extra in (("baseline", {}), ("ensemble", {"num_draft_tokens": 0})):
+        before = _draft_engine_requests(server, "tensorrt_llm")
+        g = _client(server, model=model).generate(PROMPTS[1], MAX_TOKENS, stream=True, **extra)
+        assert g.token_ids == baseline[1], model
+        assert [len(c.token_ids) for c in g.chunks if c.token_ids] == [1] * len(g.token_ids), model
+        assert g.stats.num_iterations < len(g.token_ids) / 2, (model, g.stats.num_iterations, len(g.token_ids))
+        assert _draft_engine_requests(server, "tensorrt_llm") - before == g.stats.num_iterations, model
 
 
 def test_controller_is_exact_and_its_k0_iterations_make_no_draft_call(server, baseline):
@@ -474,15 +488,11 @@ def test_postprocessing_decodes_nvidias_3d_tokens_batch(server, baseline):
 
 def _engine_generate(server, prompt: list[int], n: int) -> tuple[int, int, int]:
     """One request straight to the target engine: (arrival, first token, last token) times in ns."""
-    import tritonclient.http as httpclient
+    import engine_client
 
-    inputs = []
-    for name, value in {"input_ids": [prompt], "input_lengths": [[len(prompt)]], "request_output_len": [[n]],
-                        "return_perf_metrics": [[True]]}.items():
-        arr = np.asarray(value, dtype=np.bool_ if name.startswith("return") else np.int32)
-        inputs.append(httpclient.InferInput(name, list(arr.shape), "BOOL" if arr.dtype == np.bool_ else "INT32"))
-        inputs[-1].set_data_from_numpy(arr)
-    r = httpclient.InferenceServerClient(server.endpoints.http_address).infer("tensorrt_llm", inputs)
+    r = engine_client.infer(server.endpoints.grpc_address, "tensorrt_llm", engine_client.inputs({
+        "input_ids": np.array([prompt], np.int32), "input_lengths": np.array([[len(prompt)]], np.int32),
+        "request_output_len": np.array([[n]], np.int32), "return_perf_metrics": np.array([[True]])}))
     return tuple(int(r.as_numpy(k)[0, 0]) for k in ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns"))
 
 

@@ -261,6 +261,7 @@ def build_results(run: BenchRun) -> dict[str, Any]:
             "concurrency": sorted(set(s.concurrency)),
             "draft_tokens": sorted(set(s.draft_tokens) | {0}),
             "k0_on_ensemble": s.k0_on_ensemble,
+            "stream": s.stream,
             "fixed_k": sorted(set(s.fixed_k)),
             "draft_source": s.draft_source,
             "draft_length_policy": s.draft_length_policy,
@@ -416,7 +417,8 @@ def table(results: dict[str, Any]) -> Any:
     from rich.table import Table
 
     cfg = results["settings"]
-    t = Table(title=f"trtspec bench ({cfg['protocol']}, max_tokens {cfg['max_tokens']}): "
+    t = Table(title=f"trtspec bench ({cfg['protocol']}, max_tokens {cfg['max_tokens']}"
+                    f"{'' if cfg.get('stream', True) else ', not streamed'}): "
                     "n = measured requests per cell, warm-ups excluded",
               title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     any_errors = any(c["num_errors"] for c in results["cells"])

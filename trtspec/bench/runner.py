@@ -1,5 +1,5 @@
 """Runs the benchmark: every cell (concurrency x draft length k), warm-ups first, then N streamed requests
-sent by a fixed number of client threads (a closed loop: each thread sends its next request as soon as the
+(or, with ``stream`` false, requests answered whole) sent by a fixed number of client threads (a closed loop: each thread sends its next request as soon as the
 previous one has finished). With ``rounds`` > 1 the cells of a concurrency take turns: each runs its requests in
 that many rounds, in A-B-B-A order, and its throughput is its tokens over the sum of its rounds' time.
 
@@ -55,6 +55,9 @@ class BenchSettings:
     warmup: int = 2  # per cell
     rounds: int = 1  # the cells of a concurrency run interleaved in this many rounds (see run_bench)
     k0_on_ensemble: bool = False
+    # False: one response per request (throughput and end-to-end latency; no TTFT or ITL). Not drafting, each
+    # endpoint then takes the engine's whole runs, which a streamed request takes one token per target call
+    stream: bool = True
     fixed_k: Sequence[int] = ()  # also run these k with draft_length_policy fixed: the "best fixed k" candidates
     draft_source: str | None = None  # model | ngram | hybrid for the speculative cells; None: the deployment's
     draft_length_policy: str | None = None  # fixed | adaptive for the speculative cells; None: the deployment's
@@ -162,6 +165,7 @@ class RequestRecord:
     client_overhead_s: float = 0.0
     error: str | None = None
     left_early: bool = False  # the client went away after `leave_after` responses (soak)
+    streamed: bool = True  # False: one response carries every token (no time to first token is measured)
 
     @property
     def endpoint(self) -> str:
@@ -185,7 +189,7 @@ class RequestRecord:
 
     @property
     def ttft_s(self) -> float | None:
-        t = self.first_token_time
+        t = self.first_token_time if self.streamed else None
         return None if t is None else t - self.start
 
 
@@ -375,7 +379,7 @@ def one_request(
     extra: dict[str, Any] | None = None,
     leave_after: int | None = None,
 ) -> RequestRecord:
-    """One streamed request; `extra` request fields override the cell's, and with `leave_after` the client goes
+    """One request (streamed unless settings.stream is false); `extra` request fields override the cell's, and with `leave_after` the client goes
     away (closes the HTTP connection, cancels the gRPC stream) after that many responses.
 
     Client overhead: for each response, the time from its arrival (the client stamps ``Chunk.time`` when the
@@ -390,7 +394,7 @@ def one_request(
     if policy:
         params["draft_length_policy"] = policy
     params.update(extra or {})
-    rec = RequestRecord(cell, index, warmup, prompt, start=time.perf_counter())
+    rec = RequestRecord(cell, index, warmup, prompt, start=time.perf_counter(), streamed=settings.stream)
     times, tokens = rec.chunk_times, rec.chunk_tokens
     overhead = 0.0
     last_ask = rec.start
@@ -422,14 +426,23 @@ def one_request(
 def _stream(settings: BenchSettings, cell: Cell, prompt: str, params: dict[str, Any]) -> Iterator[Chunk]:
     if settings.api == "triton":
         client = Client(settings.url, settings.protocol, model=cell.endpoint, timeout=settings.timeout)
-        yield from client.stream(prompt, settings.max_tokens, stream=True, **params)
+        yield from client.stream(prompt, settings.max_tokens, stream=settings.stream, **params)
         return
     import openai
 
-    stream = _openai_client(settings.url, settings.timeout).completions.create(
-        model=settings.openai_models[cell.endpoint], prompt=prompt, max_tokens=settings.max_tokens, stream=True,
-        stream_options={"include_usage": True}, extra_body={**params, "return_token_ids": True},
-    )
+    openai_client = _openai_client(settings.url, settings.timeout)
+    create = dict(model=settings.openai_models[cell.endpoint], prompt=prompt, max_tokens=settings.max_tokens,
+                  extra_body={**params, "return_token_ids": True})
+    if not settings.stream:
+        try:
+            whole = openai_client.completions.create(**create)
+        except openai.APIError as e:
+            raise ClientError(str(e)) from None
+        wire = (whole.model_extra or {}).get("speculative")
+        ids = (whole.choices[0].model_extra or {}).get("token_ids") or []
+        yield Chunk(whole.choices[0].text, ids, time.perf_counter(), SpecStats.from_wire(wire) if wire else None)
+        return
+    stream = openai_client.completions.create(**create, stream=True, stream_options={"include_usage": True})
     counted = 0
     try:
         for c in stream:

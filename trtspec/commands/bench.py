@@ -18,7 +18,7 @@ _HELP = f"""Measure speculative decoding against target-only decoding on a runni
 
 \b
 For every cell (concurrency level x {NUM_DRAFT_TOKENS}) it sends --requests
-streamed requests with that many in flight at once (after --warmup
+streamed requests (--no-stream: answered whole) with that many in flight at once (after --warmup
 requests that are not counted), and measures per request: time to first
 token (TTFT), inter-token latency (ITL), end-to-end latency, output
 tokens (counted from the returned token ids) and tokens/s per user; per
@@ -158,6 +158,13 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
 @click.option("--k0-on-ensemble", is_flag=True,
               help=f"Also run the speculative endpoint with {NUM_DRAFT_TOKENS}=0 (drafting off): its speedup over "
                    "the baseline (~1) is the speculative loop's own overhead.")
+@click.option("--stream/--no-stream", default=True, show_default=True,
+              help="--no-stream: one response per request; throughput and end-to-end latency are measured, time to "
+                   "first token and inter-token latency are not. Where the deployment does not draft, a request "
+                   "that is not streamed is answered in whole runs of engine steps, as target-only decoding "
+                   "streams from the engine; a streamed one takes a target call per token. So the streamed "
+                   "baseline pays a round trip per token that target-only served by the engine alone does not, "
+                   "and --no-stream compares the speculative endpoint with target-only without it.")
 @click.option("--requests", "requests_per_cell", type=click.IntRange(min=1), default=16, show_default=True,
               help="Measured requests per cell (prompts are reused in order when there are fewer).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
@@ -195,7 +202,7 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
 def bench(url: str | None, protocol: str, api: str, config_path: Path | None, prompts_file: Path | None,
           prompt_kind: str, num_prompts: int | None, max_tokens: int, concurrency: str, draft_tokens: str,
           draft_source: str | None, draft_length_policy: str | None, fixed_k: str | None, k0_on_ensemble: bool,
-          requests_per_cell: int, warmup: int, rounds: int, output: Path | None, profile: bool,
+          stream: bool, requests_per_cell: int, warmup: int, rounds: int, output: Path | None, profile: bool,
           profile_pids: tuple[int, ...], metrics_url: str | None, timeout: float, soak_minutes: float | None,
           soak_streams: int, soak_disconnect: float, soak_bad: float, soak_settle: float,
           fault_every: float | None) -> None:
@@ -226,6 +233,7 @@ def bench(url: str | None, protocol: str, api: str, config_path: Path | None, pr
         warmup=warmup,
         rounds=rounds,
         k0_on_ensemble=k0_on_ensemble,
+        stream=stream,
         fixed_k=int_list("--fixed-k", fixed_k, 0) if fixed_k is not None else (),
         draft_source=draft_source,
         draft_length_policy=draft_length_policy,

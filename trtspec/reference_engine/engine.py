@@ -364,6 +364,8 @@ class ReferenceEngine:
                 log_probs.append(self._log_prob(row, t))
             if req.stop_words and find_stop(tokens, req.stop_words, start=n_in) is not None:
                 break
+            if req.on_tokens is not None and step < req.output_len - 1:  # the last comes with the final answer
+                req.on_tokens([t])
         if logits_rows:
             result.generation_logits = np.stack(logits_rows).astype(np.float32)
         if req.return_log_probs:
@@ -446,6 +448,8 @@ class ReferenceEngine:
             result.first_token_ns = result.first_token_ns or result.last_token_ns
             if ended or not emitted or len(tokens) - n_in >= req.output_len:
                 break
+            if req.on_tokens is not None:  # the step that finishes comes with the final answer
+                req.on_tokens(list(emitted))
             hidden = segment.hidden[picks[len(emitted) - 1][1]]
         if req.return_log_probs:
             result.log_probs = log_probs

@@ -47,6 +47,15 @@ DEFAULTS: dict[str, float] = {
 }
 
 
+# Outputs the reference engine gives a non-streamed answer only (TensorRT-LLM slices them per streamed response)
+STREAMED_WHOLE = ("return_log_probs", "return_generation_logits", "return_context_logits")
+
+
+def streaming(get: "TensorGetter") -> bool:
+    a = get("streaming")
+    return a is not None and a.size > 0 and bool(a.reshape(-1)[0])
+
+
 TensorGetter = Callable[[str], "np.ndarray | None"]
 
 
@@ -71,10 +80,10 @@ def request_from_tensors(get: TensorGetter, max_input_len: int | None = None) ->
     if scalar("stop", False):
         return None
     if scalar("streaming", False):
-        raise RequestTensorError(
-            "streaming=true needs a decoupled model; the reference engine (like tensorrt_llm deployed with "
-            "decoupled_mode false) answers once: send streaming=false"
-        )
+        for name in STREAMED_WHOLE:
+            if scalar(name, False):
+                raise RequestTensorError(f"{name} with streaming=true: the reference engine returns these for a "
+                                         "whole answer only; send streaming=false")
     for name, what in UNSUPPORTED_INPUTS.items():
         if get(name) is not None:
             raise RequestTensorError(f"{name}: {what} are not supported by the reference engine; leave {name} out")
@@ -136,10 +145,14 @@ def request_from_tensors(get: TensorGetter, max_input_len: int | None = None) ->
 
 
 def result_tensors(
-    result: EngineResult, get: TensorGetter, exclude_input_default: bool = False, arrival_ns: int = 0, scheduled_ns: int = 0
+    result: EngineResult, get: TensorGetter, exclude_input_default: bool = False, arrival_ns: int = 0,
+    scheduled_ns: int = 0, streamed_tokens: int | None = None,
 ) -> dict[str, np.ndarray]:
     """The tensorrtllm backend's output tensors for one result (beam width 1), as its fillTritonResponse returns
-    them (model_instance_state.cc): an output the request did not enable is left out, not zeroed."""
+    them (model_instance_state.cc): an output the request did not enable is left out, not zeroed. Streamed, this is
+    the final response: its output_ids are the tokens no earlier response carried (`streamed_tokens` of them did),
+    whatever exclude_input_in_output says (the executor's createResult sends a streamed request only what it has
+    not sent, never the input), and sequence_length counts them."""
 
     def flag(name: str, default: bool = False) -> bool:
         a = get(name)
@@ -149,7 +162,10 @@ def result_tensors(
         return np.asarray(value, dtype=dtype)
 
     exclude = flag("exclude_input_in_output", exclude_input_default)
-    tokens = t(result.new_tokens if exclude else result.tokens, np.int32)
+    if streamed_tokens is not None:
+        tokens = t(result.new_tokens[streamed_tokens:], np.int32)
+    else:
+        tokens = t(result.new_tokens if exclude else result.tokens, np.int32)
     out = {"output_ids": tokens.reshape(1, 1, -1), "sequence_length": t([[len(tokens)]], np.int32)}
     if result.generation_logits is not None:
         out["generation_logits"] = t(result.generation_logits[None, None], np.float32)

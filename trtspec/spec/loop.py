@@ -30,11 +30,13 @@ from trtspec.spec.methods import in_engine
 from trtspec.spec.metrics import SpecStats
 from trtspec.spec.planner import Planner, RequestPolicy
 from trtspec.spec.estimates import Estimates
-from trtspec.spec.speculative import find_stop
+from trtspec.spec.speculative import PLAIN_RUN_MAX, find_stop
 from trtspec.triton_io import to_words_list
 
 # (model name, input tensors, requested outputs) -> output tensors; raises EngineCallError on failure
 EngineCall = Callable[[str, Mapping[str, np.ndarray], list[str]], Mapping[str, np.ndarray]]
+# the same, response by response: a request with streaming=true is answered a step's new tokens at a time
+EngineStream = Callable[[str, Mapping[str, np.ndarray], list[str]], Iterator[Mapping[str, np.ndarray]]]
 
 
 LoopRequestError = RequestError
@@ -111,7 +113,8 @@ class LoopRequest:
 
 @dataclass
 class Step:
-    """One iteration of a request: the tokens it accepted (what a streamed response carries)."""
+    """One iteration of a request, or a streamed run's response before the run ends: the tokens it accepted (what a
+    streamed response carries)."""
 
     new_tokens: list[int]
     generated_before: list[int]
@@ -150,12 +153,17 @@ class SpeculativeLoop:
         call: EngineCall,
         in_flight: Callable[[], int] = lambda: 0,
         estimates: Estimates | None = None,
+        stream: EngineStream | None = None,
     ):
         """`in_flight`: requests in flight in the deployment now (the controller's load; speculative.max_concurrency
         compares with it). `estimates`: what the goodput controller learns, shared by the deployment's loop
-        processes (trtspec.spec.load.SharedEstimates); default: this loop's own."""
+        processes (trtspec.spec.load.SharedEstimates); default: this loop's own. `stream`: the engines' streamed
+        answers (TensorRT-LLM's streaming=true: each response a step's new tokens, the input never among them,
+        sequence_length their count): a streamed request's plain runs come from the engine as each step makes
+        them, as target-only decoding streams, instead of a target call per token; None: a call per token."""
         self.settings = settings
         self.call = call
+        self.stream = stream
         self.in_flight = in_flight
         self.estimates = estimates if estimates is not None else Estimates()
 
@@ -272,6 +280,33 @@ class SpeculativeLoop:
             raise EngineCallError(f"{self.settings.target_model} returned no output_log_probs for return_log_probs")
         return new, [float(x) for x in np.asarray(out["output_log_probs"]).reshape(-1)[: len(new)]], alternatives
 
+    def _plain_run(
+        self, seq: list[int], common: Mapping[str, np.ndarray], min_tokens: int, plain: int,
+        engine_drafts: list[int] | None,
+    ) -> Iterator[list[int]]:
+        """A plain run of up to `plain` tokens, streamed by the engine: each response's new tokens as they come
+        (TensorRT-LLM's streamed responses carry only the tokens not sent before, sequence_length their count)."""
+        tensors = dict(common)
+        tensors.update(
+            input_ids=np.array([seq], dtype=np.int32),
+            input_lengths=_i32(len(seq)),
+            request_output_len=_i32(plain),
+            streaming=np.array([[True]]),
+        )
+        if min_tokens > 0:
+            tensors[self.settings.engine_name("min_tokens")] = _i32(min_tokens)
+        wanted = ["output_ids", "sequence_length"]
+        if engine_drafts is not None:  # the engine's own speculation, counted in its final response
+            tensors["return_perf_metrics"] = np.array([[True]])
+            wanted += [STAT.total_draft_tokens, STAT.total_accepted_draft_tokens]
+        for out in self.stream(self.settings.target_model, tensors, wanted):
+            if engine_drafts is not None and STAT.total_draft_tokens in out:
+                engine_drafts[:] = [int(np.asarray(out[n]).reshape(-1)[0])
+                                    for n in (STAT.total_draft_tokens, STAT.total_accepted_draft_tokens)]
+            ids = np.asarray(out["output_ids"]).reshape(-1)
+            n = int(np.asarray(out["sequence_length"]).reshape(-1)[0])
+            yield [int(x) for x in ids[:n]]
+
     # -------------------------------------------------------------- the loop
 
     def _drafters(self, sources: Sequence[str], common: Mapping[str, np.ndarray]) -> dict[str, Drafter]:
@@ -291,12 +326,20 @@ class SpeculativeLoop:
             k=self.settings.requested_k(req),
             adaptive=(req.draft_length_policy or spec.draft_length_policy) == "adaptive",
             selection=selection,
-            stream=req.stream,
+            stream=req.stream and not self._streams_runs(req),
         )
         return Planner(spec, self.estimates, policy, sources, in_target=in_target and "model" in sources)
 
+    def _streams_runs(self, req: LoopRequest) -> bool:
+        """Whether a streamed request's plain runs can stream from the engine: its engines stream, and it asks for
+        nothing the engine gives a whole answer only (log-probabilities, logits) or the loop checks token by token
+        (a guide)."""
+        return self.stream is not None and not (req.return_log_probs or req.top_log_probs
+                                                or req.guided_decoding_guide_type)
+
     def run(self, req: LoopRequest) -> Iterator[Step]:
-        """Yields one Step per target call (the last has final=True). Raises RequestError."""
+        """Yields one Step per target call, and one per engine response of a streamed plain run (the last has
+        final=True). Raises RequestError."""
         validate(req, self.settings)
         guided = GuidedRequest.start(req, self.settings)  # guided decoding (trtspec.guided): None without a guide
         # Medusa: the engine speculates by itself; the loop drafts nothing and asks for runs it passes through
@@ -333,17 +376,28 @@ class SpeculativeLoop:
             proposal = guided.cut(proposal, plan.plain) if guided else proposal  # no token the grammar refuses
             draft = proposal.tokens
             remaining = req.max_tokens - len(generated)
-            if passthrough:  # the whole rest in one call; streamed: a tree's worth a call
-                plan = replace(plan, plain=min(remaining, self.settings.speculative.max_k + 1) if req.stream
-                               else remaining)
+            streamed = req.stream and self._streams_runs(req)  # a plain run's tokens come as the engine makes them
+            if passthrough:  # the whole rest in one call; streamed: a tree's worth a call, or a streamed run
+                plan = replace(plan, plain=remaining if not req.stream else
+                               min(remaining, PLAIN_RUN_MAX if streamed else self.settings.speculative.max_k + 1))
             plan = replace(plan, plain=guided.plain(plan.plain, remaining)) if guided else plan
-            t0 = time.perf_counter()
+            streamed = streamed and not draft and plan.plain > 1
+            t0, sent = time.perf_counter(), 0
             with self.estimates.target_call(planner.call_tokens(seq, draft)) as step:
-                new, log_probs, top = self._verify(
-                    seq, proposal, verify_common, (req.min_tokens or 0) - len(generated), bool(req.return_log_probs),
-                    in_target, plan.next_k, req.top_log_probs or 0, req.temperature, plan.plain, guided,
-                    engine_drafts,
-                )
+                if streamed:
+                    new, log_probs, top = [], None, None
+                    for part in self._plain_run(seq, verify_common, (req.min_tokens or 0) - len(generated),
+                                                plan.plain, engine_drafts):
+                        new += part
+                        if len(new) < plan.plain:  # the run's last tokens go with the iteration's own step
+                            yield Step(part, generated + new[: sent], planner.stats)
+                            sent = len(new)
+                else:
+                    new, log_probs, top = self._verify(
+                        seq, proposal, verify_common, (req.min_tokens or 0) - len(generated),
+                        bool(req.return_log_probs), in_target, plan.next_k, req.top_log_probs or 0, req.temperature,
+                        plan.plain, guided, engine_drafts,
+                    )
             verify_s = time.perf_counter() - t0
             raw = list(new)
             accepted = next((i for i, (a, b) in enumerate(zip(draft, new)) if a != b), min(len(draft), len(new)))
@@ -369,7 +423,9 @@ class SpeculativeLoop:
                 stats.num_drafts += 1
                 stats.total_draft_tokens += engine_drafts[0]
                 stats.total_accepted_draft_tokens += engine_drafts[1]
-            yield Step(new, before, planner.stats, final=done,
+            # a streamed run's earlier tokens went out as they came (the engine stops at stop words and end tokens
+            # itself, so no cut reaches them)
+            yield Step(new[sent:], before + new[:sent], planner.stats, final=done,
                        log_probs=None if log_probs is None else log_probs[: len(new)],
                        top=None if top is None else top.head(len(new)))
             if done:

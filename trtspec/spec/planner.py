@@ -38,6 +38,7 @@ class RequestPolicy:
     k: int  # the request's k (fixed), or the most the controller drafts (adaptive)
     adaptive: bool
     selection: str  # drafters.SELECTIONS key: the sources, in asking order
+    # streamed where the engine cannot stream a run (or the loop checks each token): a token per target call
     stream: bool = False
 
 
@@ -79,11 +80,11 @@ class Planner:
         self.failed: set[str] = set()
         self.generated = 0
         self.draft_seen = 0  # tokens of the sequence the draft model (or the target's own drafter) holds
-        # plain calls in a row: a request that cannot draft has whole runs from the start (None); streamed
-        # requests, and the target's own drafter, take one token per call
+        # plain calls in a row: a request that cannot draft has whole runs from the start (None)
         self.stretch: int | None = 0 if self.sources and self.policy.k else None
-        # a request that is not streamed takes its plain calls as runs (where the target's own drafter is asked for
-        # nothing: it catches up on the run's positions when next asked)
+        # plain calls are runs (a streamed one streams from the engine), except a token per call where the policy
+        # says so; where the target's own drafter is asked for nothing, it catches up on the run's positions when
+        # next asked
         self.runs = not self.policy.stream
         self.unverified: list[tuple[str, int, list[int]]] = []  # free proposals not drafted: (key, len(seq), tokens)
         # a probe of the draft model that caught it up and was accepted: the next iteration drafts once more, a call

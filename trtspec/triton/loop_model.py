@@ -15,7 +15,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -35,24 +35,41 @@ CANCEL_CHECK_S = 0.25
 PREFIX_WINDOW = 8  # generated tokens sent back as prefix_ids: enough context for detokenizing a chunk
 
 
-def engine_call(pb_utils: Any, callees: CalleeProcesses | None = None):
-    """The loop's engine boundary as BLS requests to other models of the server (with `callees`: a call ends when
-    the called model's process dies)."""
+def engine_stream(pb_utils: Any, callees: CalleeProcesses | None = None):
+    """The loop's engine boundary as BLS requests to other models of the server, each read response by response
+    (the engine models are decoupled: one response unless the request streams), responses without outputs (a final
+    flag alone) skipped. With `callees`, a call ends when the called model's process dies."""
 
-    def call(model_name: str, tensors: Mapping[str, np.ndarray], wanted: list[str]) -> dict[str, np.ndarray]:
+    def stream(model_name: str, tensors: Mapping[str, np.ndarray], wanted: list[str]) -> Iterator[dict[str, np.ndarray]]:
         request = pb_utils.InferenceRequest(
             model_name=model_name,
             requested_output_names=wanted,
             inputs=[pb_utils.Tensor(k, v) for k, v in tensors.items()],
         )
-        response = request.exec() if callees is None else callees.call(model_name, request.exec)
-        if response.has_error():
-            raise engine_error(model_name, response.error().message())
-        out = {}
-        for name in wanted:
-            t = pb_utils.get_output_tensor_by_name(response, name)
-            if t is not None:
-                out[name] = t.as_numpy()
+        wait = (lambda fn: fn()) if callees is None else (lambda fn: callees.call(model_name, fn))
+        responses = wait(lambda: request.exec(decoupled=True))
+        while (response := wait(lambda: next(responses, None))) is not None:
+            if response.has_error():
+                raise engine_error(model_name, response.error().message())
+            out = {}
+            for name in wanted:
+                t = pb_utils.get_output_tensor_by_name(response, name)
+                if t is not None:
+                    out[name] = t.as_numpy()
+            if out:
+                yield out
+
+    return stream
+
+
+def engine_call(pb_utils: Any, callees: CalleeProcesses | None = None):
+    """One answer per call: the last response's outputs (a request that does not stream has one)."""
+    stream = engine_stream(pb_utils, callees)
+
+    def call(model_name: str, tensors: Mapping[str, np.ndarray], wanted: list[str]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for response in stream(model_name, tensors, wanted):
+            out = response
         return out
 
     return call
@@ -119,7 +136,8 @@ class LoopModel:
         self.estimates = SharedEstimates()
         # args["model_repository"] is this model's directory in the repository
         callees = CalleeProcesses(Path(args["model_repository"]).parent)
-        self.loop = SpeculativeLoop(self.settings, engine_call(pb_utils, callees), self.in_flight, self.estimates)
+        self.loop = SpeculativeLoop(self.settings, engine_call(pb_utils, callees), self.in_flight, self.estimates,
+                                    stream=engine_stream(pb_utils, callees))
         self.name = args["model_name"]
         self.metrics = PrometheusExporter(pb_utils, self.name)
         self.controller_gauges = ControllerGauges(pb_utils, self.name)

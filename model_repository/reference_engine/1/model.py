@@ -8,6 +8,7 @@ trtspec.reference_engine; this file moves tensors.
 
 import time
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 # importing trtspec sets OMP_WAIT_POLICY=PASSIVE before torch loads (see trtspec/__init__.py)
@@ -17,14 +18,16 @@ from trtspec.reference_engine.batching import BatchScheduler, QueueFull
 from trtspec.medusa import from_pbtxt
 from trtspec.spec.metrics import EngineGauges
 from trtspec.reference_engine import ReferenceEngine, RequestTensorError, request_from_tensors, result_tensors
+from trtspec.reference_engine.tensor_io import streaming
 from trtspec.reference_engine.device import serving_threads
 
 
 class TritonPythonModel:
-    """Not decoupled (one response per request, like tensorrt_llm with decoupled_mode false), but execute()
-    does not wait: it hands each request to the engine's scheduler and returns, and the scheduler thread
-    answers through the request's response sender (one response, FINAL flag) as soon as that request is done.
-    So a request joins the running batch at the next step, whoever sent it, as on TensorRT-LLM's executor."""
+    """Decoupled, like tensorrt_llm with decoupled_mode true: execute() does not wait, it hands each request to the
+    engine's scheduler and returns, and the scheduler thread answers through the request's response sender as soon
+    as that request is done (one response, FINAL flag), so a request joins the running batch at the next step,
+    whoever sent it, as on TensorRT-LLM's executor. With streaming=true each step's new tokens go out as they are
+    known, and the final response carries the rest (the executor's streamed responses, llmRequest.cpp createResult)."""
 
     def initialize(self, args):
         log_to_stderr()  # into the server log
@@ -90,10 +93,21 @@ class TritonPythonModel:
             _send(sender, pb_utils.InferenceResponse(output_tensors=[]))
             return
         scheduled = time.monotonic_ns()
+        sent = [0] if streaming(get) else None  # streamed: the new tokens earlier responses carried
+
+        if sent is not None:
+            def on_tokens(tokens):  # on the scheduler thread, each step's tokens as they are known
+                sent[0] += len(tokens)
+                sender.send(pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("output_ids", np.asarray(tokens, np.int32).reshape(1, 1, -1)),
+                    pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], np.int32))]))
+
+            req.on_tokens = on_tokens
 
         def answer(future):  # on the scheduler thread, as soon as this request is done
             try:
-                tensors = result_tensors(future.result(), get, self.exclude_input_default, arrival, scheduled)
+                tensors = result_tensors(future.result(), get, self.exclude_input_default, arrival, scheduled,
+                                         streamed_tokens=None if sent is None else sent[0])
                 response = pb_utils.InferenceResponse(
                     output_tensors=[pb_utils.Tensor(k, v) for k, v in tensors.items()])
             except Exception as e:
