@@ -392,6 +392,23 @@ def test_controller_asks_an_in_engine_drafter_for_a_draft_only_when_the_next_ite
     assert ctl.next_draft_len("model", 4, load=1) == ctl.choose(1, {"model": 4}).k >= 3
 
 
+def test_an_iterations_own_overhead_is_priced_a_drafting_iteration_pays_it_a_plain_run_spreads_it():
+    # One request, prompt lookup accepted 12% of the time: a verify of 1 costs 42 ms against a 40 ms step, so
+    # drafting pays on the engine's costs alone. Each iteration also spends 6 ms outside its calls (the loop, the
+    # answer's way to the client): a drafting iteration pays it for its 1.12 tokens, a plain run once for 16, and
+    # drafting stops paying; where a plain call is a token, the plain step pays it too, and drafting pays again.
+    ctl = _controller(probe_every=1000)
+    for i in range(100):
+        ctl.record(1, None, 0, 0, 0.040)
+        ctl.record(1, NGRAM, 1, int(i % 25 < 3), 0.042)
+    assert ctl.choose(1, {NGRAM: 1}, plain_run=16).k == 1  # nothing outside the calls measured yet
+    for _ in range(10):
+        ctl.record(1, None, 0, 0, 0.040, overhead_s=0.006)
+    assert ctl.iteration_overhead(1) == pytest.approx(0.006)
+    assert ctl.choose(1, {NGRAM: 1}, plain_run=16).k == 0
+    assert ctl.choose(1, {NGRAM: 1}, plain_run=1).k == 1
+
+
 def test_controller_asks_an_in_engine_drafter_for_the_k_it_will_draft_not_for_its_cap():
     # the head's first draft is accepted, its later ones not: drafting 1 pays, 3 does not; each call pays for the
     # head's drafting of what it asks, so asking for 3 where 1 will be drafted would cost two head steps for nothing

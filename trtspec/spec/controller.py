@@ -117,11 +117,13 @@ class GoodputController(EngineCosts):
         return verify[0], rows
 
     def _best(self, load: int, candidates: Mapping[str, int], missed: int = 0,
-              remaining: int | None = None, head_missed: int = 0) -> Choice | None:
+              remaining: int | None = None, head_missed: int = 0, plain_run: int = 1) -> Choice | None:
         """The choice of most expected tokens per second, without probes (None: no plain step measured yet).
         `remaining`: the request's tokens still to come, over whose drafting iterations the draft model's catch-up
         is spread (once caught up, it stays caught up while the request drafts); None: none, the whole catch-up
-        on this iteration. `head_missed`: the positions the target's own drafter would catch up on."""
+        on this iteration. `head_missed`: the positions the target's own drafter would catch up on. `plain_run`: the
+        tokens a plain call takes (a run), over which its iteration's own overhead is spread; a drafting iteration
+        pays it for its tokens alone (on this project's CPU, 4-5 ms of loop against a 38 ms step)."""
         kmax = max(candidates.values(), default=0)
         costs = self._step_costs(load, kmax)
         if costs is None:
@@ -129,7 +131,9 @@ class GoodputController(EngineCosts):
         step, rows = costs
         n = load_key(load)
         share = step / n
-        best, best_value = Choice(None, 0), 1.0 / max(share, 1e-9)
+        over = self.iteration_overhead(load) / n  # while one request's loop works, the engine steps the others
+        plain = share + over / max(1, plain_run)
+        best, best_value = Choice(None, 0), 1.0 / max(plain, 1e-9)
         for source, cap in candidates.items():
             if cap <= 0:
                 continue
@@ -144,14 +148,14 @@ class GoodputController(EngineCosts):
                     self.catchup_cost(max(0, missed - 2), load, rates)
 
             def values(acceptance: list[float], draft: list[float], catchup: float,
-                       over: int | float | None = remaining) -> list[float]:
+                       tokens: int | float | None = remaining) -> list[float]:
                 """Expected tokens per second by k; the catch-up spread over the iterations of `over` tokens."""
-                out, expected, p = [1.0 / max(share, 1e-9)], 0.0, 1.0
+                out, expected, p = [1.0 / max(plain, 1e-9)], 0.0, 1.0
                 for k, a in enumerate(acceptance, start=1):
                     p *= a
                     expected += p
-                    iterations = max(1.0, (over or 0) / (1.0 + expected))
-                    out.append((1.0 + expected) / max(share + rows[k] + draft[k] + catchup / iterations, 1e-9))
+                    iterations = max(1.0, (tokens or 0) / (1.0 + expected))
+                    out.append((1.0 + expected) / max(share + over + rows[k] + draft[k] + catchup / iterations, 1e-9))
                 return out
 
             if n == ALONE:
@@ -224,10 +228,11 @@ class GoodputController(EngineCosts):
             return True
         return float(self.est.clock[0] - self.est.last_chosen.max()) <= self.settings.probe_every * step
 
-    def would_draft(self, load: int, candidates: Mapping[str, int], remaining: int | None = None) -> bool:
+    def would_draft(self, load: int, candidates: Mapping[str, int], remaining: int | None = None,
+                    plain_run: int = 1) -> bool:
         """Whether drafting from one of `candidates` (as choose takes them) pays at `load` now; no probe, nothing
         marked."""
-        best = self._best(load, candidates, remaining=remaining)
+        best = self._best(load, candidates, remaining=remaining, plain_run=plain_run)
         return best is not None and best.source is not None
 
     def _chose(self, choice: Choice | None) -> Choice | None:
@@ -261,11 +266,11 @@ class GoodputController(EngineCosts):
         return float(est.clock[0] - est.last_drafted[si]) >= interval * max(1.0, float(est.probe_backoff[si]))
 
     def next_draft_len(self, source: str, cap: int, load: int, missed: int = 0, remaining: int | None = None,
-                       may_probe: bool = True) -> int:
-        return self.next_draft(source, cap, load, missed, remaining, may_probe).k
+                       may_probe: bool = True, plain_run: int = 1) -> int:
+        return self.next_draft(source, cap, load, missed, remaining, may_probe, plain_run).k
 
     def next_draft(self, source: str, cap: int, load: int, missed: int = 0, remaining: int | None = None,
-                   may_probe: bool = True) -> Choice:
+                   may_probe: bool = True, plain_run: int = 1) -> Choice:
         """How many tokens to ask a drafter inside the target engine (EAGLE-3) to draft for the next call, which each
         call computes when asked: the k the next iteration would draft if drafting from it pays now, the k of its
         probe if one is due, else 0. So a k = 0 stretch costs what plain steps cost, and a call drafting k pays
@@ -279,7 +284,8 @@ class GoodputController(EngineCosts):
             return Choice(None, 0)
         # Batched (a GPU's), the catch-up is a few more tokens in a step that holds many: not priced, as before
         missed = 0 if self.batched() else missed
-        best = self._chose(self._best(load, {source: cap}, remaining=remaining, head_missed=missed))
+        best = self._chose(self._best(load, {source: cap}, remaining=remaining, head_missed=missed,
+                                      plain_run=plain_run))
         if best is not None and best.source == source:
             return best
         if may_probe and self.probe_due(source, load, missed):
@@ -287,6 +293,12 @@ class GoodputController(EngineCosts):
                 self._mark_probe(source)  # (batched, probes are cheap and several together learn faster)
             return Choice(source, self._probe_len(source, cap), probe=True)
         return Choice(None, 0)
+
+    def iteration_overhead(self, load: int) -> float:
+        """An iteration's seconds outside its engine calls, at the load measured nearest; 0 until one is measured
+        (the simulator's calls are its costs alone)."""
+        n = self._nearest_load(self.est.overhead_n[None, :], load_key(load))
+        return 0.0 if n is None else float(self.est.overhead_s[n])
 
     def record_head_catchup(self, load: int, missed: int, extra_s: float) -> None:
         """A call of the target's own drafter that caught it up on `missed` positions (beyond those a drafting call
@@ -329,15 +341,16 @@ class GoodputController(EngineCosts):
         return max(1, min(cap, depth + 1))
 
     def choose(self, load: int, candidates: Mapping[str, int], missed: int = 0, may_probe: bool = True,
-               remaining: int | None = None) -> Choice:
+               remaining: int | None = None, plain_run: int = 1) -> Choice:
         """`candidates`: estimate key (drafters.estimate_key: the source, for prompt lookup with its match's level)
         -> the most tokens it may propose now (for prompt lookup: its match's length);
         `missed`: tokens the draft model would catch up on; `may_probe` false: no probe now (a request's first
         call, whose first token a probe of the draft model would delay by its prefill of the whole prompt: the
         next iteration, this request's or another's, probes instead); `remaining`: the request's tokens still to
-        come (the catch-up is spread over them). Sources in asking order (the first wins a tie).
+        come (the catch-up is spread over them); `plain_run`: the tokens a plain call takes. Sources in asking order
+        (the first wins a tie).
         Each candidate's value is its expected tokens per second, acceptance optimistic by its standard error."""
-        best = self._chose(self._best(load, candidates, missed, remaining))
+        best = self._chose(self._best(load, candidates, missed, remaining, plain_run=plain_run))
         if best is None:
             return Choice(None, 0)  # measure a plain step first
         # Probes are the deployment's, like the estimates they feed: one request's probe informs every request, so a
@@ -370,6 +383,7 @@ class GoodputController(EngineCosts):
         step_tokens: int | None = None,
         draft_missed: int | None = None,
         prefill_s: float | None = None,
+        overhead_s: float | None = None,
     ) -> None:
         """One iteration: `proposed` tokens from `source` (None: none), `accepted` of them; the verify call's seconds
         per step (None: not a clean sample, e.g. the request's first call with its prefill) and the draft-model
@@ -377,7 +391,8 @@ class GoodputController(EngineCosts):
         were in draft-model calls together with it; `elapsed_s`: the iteration's seconds (its calls'; default:
         the verify's and the draft's), which advance the deployment's clock by this request's share; `step_tokens`: the tokens in the target's step; `draft_missed`: the tokens the
         draft call caught up on, for all the requests in it (None: its own only); `prefill_s`: a request's first call's
-        seconds, a step of `step_tokens` carrying its prompt (not a verify's sample)."""
+        seconds, a step of `step_tokens` carrying its prompt (not a verify's sample); `overhead_s`: an iteration's
+        seconds outside its engine calls."""
         n, est, st = load_key(load), self.est, self.settings
         with est.locked():
             if elapsed_s is None:
@@ -389,6 +404,8 @@ class GoodputController(EngineCosts):
                                      or (draft_s is not None and source is not None))
             if verify_s is not None:
                 mean_update(est.verify_s, est.verify_n, (proposed, n), verify_s, st.cost_smoothing)
+            if overhead_s is not None:
+                mean_update(est.overhead_s, est.overhead_n, (n,), max(0.0, overhead_s), st.cost_smoothing)
             step_s = verify_s if verify_s is not None else prefill_s
             # alone, the (k, load) curve is the step's own; a step past the table is not priced at its end
             if step_s is not None and step_tokens and n != ALONE and step_tokens <= MAX_STEP_TOKENS:

@@ -36,6 +36,10 @@ def _layout() -> dict[str, tuple[int, ...]]:
         # call recomputes them and the head extends over them), by requests in flight, and how many calls
         "head_catchup_s": (n,),
         "head_catchup_n": (n,),
+        # seconds an iteration spends outside its engine calls (the loop's own work, the answer's way to the client
+        # and back), by requests in flight: a drafting iteration pays it for its tokens, a plain run once for many
+        "overhead_s": (n,),
+        "overhead_n": (n,),
         "step_s": (MAX_STEP_TOKENS + 1,),  # seconds of a target step by the tokens in it (calls at 2+ in flight)
         "step_n": (MAX_STEP_TOKENS + 1,),
         "stepping": (1,),  # tokens in target calls now

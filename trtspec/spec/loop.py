@@ -358,7 +358,11 @@ class SpeculativeLoop:
             return Proposal(list(in_target.next)) if in_target is not None and source == "model" else \
                 drafters[source].propose(tokens, k, False)
 
+        last: tuple[float, float] | None = None  # the last iteration's start and its engine calls' seconds
         while True:
+            started = time.perf_counter()
+            # the last iteration's time outside its calls: this loop's work and its answer's way to the client
+            overhead_s = None if last is None else started - last[0] - last[1]
             load = self.in_flight()
             plan = planner.plan(load, seq, propose)
             proposal, draft_s, draft_failed = Proposal(plan.tokens or []), None, False
@@ -417,7 +421,8 @@ class SpeculativeLoop:
                 guided.accept(new)
             seq += new
             planner.outcome(plan, load, draft, raw, verify_s, draft_s, seq, len(new), propose, draft_failed, batch[0],
-                            step[0], batch[1])
+                            step[0], batch[1], overhead_s)
+            last = (started, verify_s + (draft_s or 0.0))
             if engine_drafts and engine_drafts[0]:  # the engine's drafts in this call (derived rates: SpecStats)
                 stats = planner.stats
                 stats.num_drafts += 1

@@ -20,7 +20,7 @@ from trtspec.spec.drafters import SELECTIONS, SOURCES, Proposal, estimate_key
 from trtspec.spec.metrics import SpecStats
 from trtspec.spec.controller import Choice, GoodputController
 from trtspec.spec.estimates import Estimates
-from trtspec.spec.speculative import draft_len_at_load, fixed_draft_len, plain_run
+from trtspec.spec.speculative import PLAIN_RUN_MAX, draft_len_at_load, fixed_draft_len, plain_run
 
 # A probe of the target's own drafter verifies up to this many drafts in a row: its catch-up paid, each more costs
 # only the head's steps and the verify's rows, and one sample per catch-up left the estimate at its prior for long
@@ -140,7 +140,8 @@ class Planner:
             free = {s: propose(s, seq, k) for s in usable if self._free(s)}
             keys = {s: estimate_key(s, free[s].match if s in free else 0) for s in usable}
             caps = {keys[s]: min(k, len(free[s].tokens)) if s in free else k for s in usable}
-            choice = self.controller.choose(load, caps, missed, bool(self.stats.num_iterations), remaining)
+            choice = self.controller.choose(load, caps, missed, bool(self.stats.num_iterations), remaining,
+                                            self._plain_run())
             follow, self.follow_up = self.follow_up, None
             if follow is not None and choice.source is None and caps.get(follow.key, 0) > 0:
                 choice = Choice(follow.key, min(follow.k, caps[follow.key]), probe=True)
@@ -174,7 +175,8 @@ class Planner:
             if pol.adaptive:
                 behind = max(0, missed - (n + 1))  # what the head has not seen beyond what drafting extends it over
                 asked = self.controller.next_draft("model", k, load, behind, remaining,
-                                                   may_probe=bool(self.stats.num_iterations))
+                                                   may_probe=bool(self.stats.num_iterations),
+                                                   plain_run=self._plain_run())
                 if not asked.k and 0 < self.probe_run < PROBE_RUN:  # the head is caught up: the probe goes on
                     asked = Choice("model", max(1, n), probe=True)
                 next_k, self.announced = asked.k, asked.k if asked.probe else 0
@@ -188,6 +190,11 @@ class Planner:
             plain = plain_run(stretch, remaining)
         return Plan(source, key, n, tokens, probe, next_k, plain, missed, lookup_only, k)
 
+    def _plain_run(self) -> int:
+        """The tokens a plain call takes where the request steps aside from drafting: a run (the most; a stretch
+        starts shorter), or one where its plain calls are a token each."""
+        return PLAIN_RUN_MAX if self.runs else 1
+
     def _may_draft_soon(self, load: int, usable: Sequence[str], k: int, missed: int, remaining: int) -> bool:
         """Whether this request may draft within a plain run's tokens: the deployment chose to draft lately; prompt
         lookup drafts a match at this load (the answer can make one mid-run, which a whole run steps past); or the
@@ -197,7 +204,7 @@ class Planner:
         if ctl.drafting_lately(load):
             return True
         lookup = {estimate_key(s, SOURCES[s].match_levels): k for s in usable if not SOURCES[s].needs_draft_model}
-        if lookup and ctl.would_draft(load, lookup, remaining):
+        if lookup and ctl.would_draft(load, lookup, remaining, self._plain_run()):
             return True
         head_missed, draft_missed = (missed, 0) if self.in_target else (0, missed)
         return any(ctl.probe_due(s, load, head_missed, draft_missed) for s in usable if SOURCES[s].needs_draft_model)
@@ -217,14 +224,16 @@ class Planner:
         draft_batch: int = 1,
         step_tokens: int | None = None,
         draft_missed: int | None = None,
+        overhead_s: float | None = None,
     ) -> int:
         """What iteration `plan` did: `draft` the tokens verified, `new` the target's answer as it came (before any
         cut for stops or max_tokens), the calls' seconds (`draft_s`: the draft model's call, None without one),
         `seq` the running sequence after the iteration, of which the last `added` tokens are its own;
         `draft_batch`: the requests that were in draft-model calls together with its own, `step_tokens` the
         tokens that were in target calls together with its own (None: unknown), `draft_missed` the tokens the
-        draft calls together with its own caught up on (None: its own only). Returns how many draft
-        tokens were accepted."""
+        draft calls together with its own caught up on (None: its own only); `overhead_s`: the request's last
+        iteration's seconds outside its engine calls (None: not measured). Returns how many draft tokens were
+        accepted."""
         if draft_failed:
             # a missing or failing drafter must not fail the request: it goes on without it
             self.failed.add(plan.source)
@@ -254,7 +263,7 @@ class Planner:
                                verify_s / plain if clean else None, draft_s if used else None, plan.missed, plain,
                                draft_batch, verify_s + (draft_s or 0.0),
                                step_tokens if (clean or prefill) and plain == 1 else None, draft_missed,
-                               prefill_s=verify_s if prefill else None)
+                               prefill_s=verify_s if prefill else None, overhead_s=overhead_s)
         if self.stretch is not None:  # a probe that failed does not end a stretch
             self.stretch = 0 if draft and (accepted or not plan.probe) else self.stretch + 1
         if self.in_target:
