@@ -146,6 +146,20 @@ def _i32(*v: int) -> np.ndarray:
     return np.array([list(v)], dtype=np.int32)
 
 
+def _ask(common: Mapping[str, np.ndarray], seq: Sequence[int], output_len: int) -> dict[str, np.ndarray]:
+    """An engine request's tensors: the request's own (`common`), the running sequence and the tokens to ask for."""
+    return dict(common, input_ids=np.array([seq], dtype=np.int32), input_lengths=_i32(len(seq)),
+                request_output_len=_i32(output_len))
+
+
+# the engine's own speculation (Medusa), as its perf metrics count it: asked with return_perf_metrics
+ENGINE_DRAFTS = (STAT.total_draft_tokens, STAT.total_accepted_draft_tokens)
+
+
+def _engine_drafts(out: Mapping[str, np.ndarray]) -> list[int]:
+    return [int(np.asarray(out.get(n, [[0]])).reshape(-1)[0]) for n in ENGINE_DRAFTS]
+
+
 class SpeculativeLoop:
     def __init__(
         self,
@@ -196,13 +210,8 @@ class SpeculativeLoop:
         model = self.settings.draft_model
 
         def draft(seq: Sequence[int], k: int, want_logits: bool) -> Proposal:
-            tensors = dict(common)
-            tensors.update(
-                input_ids=np.array([seq], dtype=np.int32),
-                input_lengths=_i32(len(seq)),
-                request_output_len=_i32(k),
-                return_generation_logits=np.array([[want_logits]]),
-            )
+            tensors = _ask(common, seq, k)
+            tensors["return_generation_logits"] = np.array([[want_logits]])
             tensors[self.settings.engine_name("min_tokens")] = _i32(k)  # the draft must not stop early
             wanted = ["output_ids", "sequence_length"] + (["generation_logits"] if want_logits else [])
             out = self.call(model, tensors, wanted)
@@ -228,12 +237,7 @@ class SpeculativeLoop:
         `in_target`: the drafter that takes the target's draft for the next call (next_k tokens) from this answer;
         `plain`: without a draft, the tokens to ask for (the engine steps them); `guided`: the request's grammar
         state, which masks the rows `top` is taken from as the engine masked the distributions it sampled from."""
-        tensors = dict(common)
-        tensors.update(
-            input_ids=np.array([seq], dtype=np.int32),
-            input_lengths=_i32(len(seq)),
-            request_output_len=_i32(len(proposal.tokens) + 1 if proposal.tokens else plain),
-        )
+        tensors = _ask(common, seq, len(proposal.tokens) + 1 if proposal.tokens else plain)
         if min_tokens > 0:
             tensors[self.settings.engine_name("min_tokens")] = _i32(min_tokens)
         if proposal.tokens:
@@ -252,13 +256,12 @@ class SpeculativeLoop:
         if in_target is not None and next_k:
             tensors["next_draft_len"] = _i32(next_k)
             wanted.append("next_draft_ids")
-        if engine_drafts is not None:  # the engine's own speculation, as its perf metrics count it
+        if engine_drafts is not None:
             tensors["return_perf_metrics"] = np.array([[True]])
-            wanted += [STAT.total_draft_tokens, STAT.total_accepted_draft_tokens]  # the engine's outputs' names
+            wanted += ENGINE_DRAFTS
         out = self.call(self.settings.target_model, tensors, wanted)
         if engine_drafts is not None:
-            engine_drafts[:] = [int(np.asarray(out.get(n, [[0]])).reshape(-1)[0])
-                                for n in (STAT.total_draft_tokens, STAT.total_accepted_draft_tokens)]
+            engine_drafts[:] = _engine_drafts(out)
         if in_target is not None:
             in_target.next = [int(x) for x in np.asarray(out.get("next_draft_ids", [])).reshape(-1)]
         new = self._new_tokens(out, len(seq))
@@ -286,23 +289,17 @@ class SpeculativeLoop:
     ) -> Iterator[list[int]]:
         """A plain run of up to `plain` tokens, streamed by the engine: each response's new tokens as they come
         (TensorRT-LLM's streamed responses carry only the tokens not sent before, sequence_length their count)."""
-        tensors = dict(common)
-        tensors.update(
-            input_ids=np.array([seq], dtype=np.int32),
-            input_lengths=_i32(len(seq)),
-            request_output_len=_i32(plain),
-            streaming=np.array([[True]]),
-        )
+        tensors = _ask(common, seq, plain)
+        tensors["streaming"] = np.array([[True]])
         if min_tokens > 0:
             tensors[self.settings.engine_name("min_tokens")] = _i32(min_tokens)
         wanted = ["output_ids", "sequence_length"]
-        if engine_drafts is not None:  # the engine's own speculation, counted in its final response
+        if engine_drafts is not None:  # counted in the final response
             tensors["return_perf_metrics"] = np.array([[True]])
-            wanted += [STAT.total_draft_tokens, STAT.total_accepted_draft_tokens]
+            wanted += ENGINE_DRAFTS
         for out in self.stream(self.settings.target_model, tensors, wanted):
-            if engine_drafts is not None and STAT.total_draft_tokens in out:
-                engine_drafts[:] = [int(np.asarray(out[n]).reshape(-1)[0])
-                                    for n in (STAT.total_draft_tokens, STAT.total_accepted_draft_tokens)]
+            if engine_drafts is not None and ENGINE_DRAFTS[0] in out:
+                engine_drafts[:] = _engine_drafts(out)
             ids = np.asarray(out["output_ids"]).reshape(-1)
             n = int(np.asarray(out["sequence_length"]).reshape(-1)[0])
             yield [int(x) for x in ids[:n]]
