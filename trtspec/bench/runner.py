@@ -55,8 +55,7 @@ class BenchSettings:
     warmup: int = 2  # per cell
     rounds: int = 1  # the cells of a concurrency run interleaved in this many rounds (see run_bench)
     k0_on_ensemble: bool = False
-    # False: one response per request (throughput and end-to-end latency; no TTFT or ITL). Not drafting, each
-    # endpoint then takes the engine's whole runs, which a streamed request takes one token per target call
+    # False: one response per request (throughput and end-to-end latency; no TTFT or ITL)
     stream: bool = True
     fixed_k: Sequence[int] = ()  # also run these k with draft_length_policy fixed: the "best fixed k" candidates
     draft_source: str | None = None  # model | ngram | hybrid for the speculative cells; None: the deployment's

@@ -160,11 +160,9 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
                    "the baseline (~1) is the speculative loop's own overhead.")
 @click.option("--stream/--no-stream", default=True, show_default=True,
               help="--no-stream: one response per request; throughput and end-to-end latency are measured, time to "
-                   "first token and inter-token latency are not. Where the deployment does not draft, a request "
-                   "that is not streamed is answered in whole runs of engine steps, as target-only decoding "
-                   "streams from the engine; a streamed one takes a target call per token. So the streamed "
-                   "baseline pays a round trip per token that target-only served by the engine alone does not, "
-                   "and --no-stream compares the speculative endpoint with target-only without it.")
+                   "first token and inter-token latency are not. Either way, where the deployment does not draft, "
+                   "its target calls are runs of engine steps, as target-only decoding is (streamed: the engine "
+                   "streams the run, a token a response).")
 @click.option("--requests", "requests_per_cell", type=click.IntRange(min=1), default=16, show_default=True,
               help="Measured requests per cell (prompts are reused in order when there are fewer).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,

@@ -42,6 +42,7 @@ class EngineRequest:
     next_draft_len: int = 0  # EAGLE-3 in the engine: draft this many tokens for the next call (next_draft_ids)
     guide: "Guide | None" = None  # guided decoding (trtspec.guided)
     guide_start: int | None = None  # where the guided output starts in input_ids (None: after it, as TensorRT-LLM)
+    streaming: bool = False  # answered a step's new tokens at a time (TensorRT-LLM's streaming=true)
     # streaming: called on the engine's thread with each step's new tokens, except the finishing step's, which the
     # final answer carries (as the executor's last streamed response does); never the end token
     on_tokens: Callable[[list[int]], None] | None = None

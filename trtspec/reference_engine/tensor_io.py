@@ -51,11 +51,6 @@ DEFAULTS: dict[str, float] = {
 STREAMED_WHOLE = ("return_log_probs", "return_generation_logits", "return_context_logits")
 
 
-def streaming(get: "TensorGetter") -> bool:
-    a = get("streaming")
-    return a is not None and a.size > 0 and bool(a.reshape(-1)[0])
-
-
 TensorGetter = Callable[[str], "np.ndarray | None"]
 
 
@@ -79,7 +74,8 @@ def request_from_tensors(get: TensorGetter, max_input_len: int | None = None) ->
 
     if scalar("stop", False):
         return None
-    if scalar("streaming", False):
+    streaming = bool(scalar("streaming", False))
+    if streaming:
         for name in STREAMED_WHOLE:
             if scalar(name, False):
                 raise RequestTensorError(f"{name} with streaming=true: the reference engine returns these for a "
@@ -118,6 +114,7 @@ def request_from_tensors(get: TensorGetter, max_input_len: int | None = None) ->
     return EngineRequest(
         input_ids=input_ids,
         output_len=output_len,
+        streaming=streaming,
         draft_ids=draft_ids or None,
         draft_logits=draft_logits,
         end_id=scalar("end_id"),
@@ -144,6 +141,12 @@ def request_from_tensors(get: TensorGetter, max_input_len: int | None = None) ->
     )
 
 
+def token_tensors(tokens: Any) -> dict[str, np.ndarray]:
+    """output_ids ([1, beam 1, n]) and sequence_length (n) of a response carrying `tokens`."""
+    ids = np.asarray(tokens, dtype=np.int32).reshape(1, 1, -1)
+    return {"output_ids": ids, "sequence_length": np.asarray([[ids.shape[-1]]], dtype=np.int32)}
+
+
 def result_tensors(
     result: EngineResult, get: TensorGetter, exclude_input_default: bool = False, arrival_ns: int = 0,
     scheduled_ns: int = 0, streamed_tokens: int | None = None,
@@ -163,10 +166,9 @@ def result_tensors(
 
     exclude = flag("exclude_input_in_output", exclude_input_default)
     if streamed_tokens is not None:
-        tokens = t(result.new_tokens[streamed_tokens:], np.int32)
+        out = token_tensors(result.new_tokens[streamed_tokens:])
     else:
-        tokens = t(result.new_tokens if exclude else result.tokens, np.int32)
-    out = {"output_ids": tokens.reshape(1, 1, -1), "sequence_length": t([[len(tokens)]], np.int32)}
+        out = token_tensors(result.new_tokens if exclude else result.tokens)
     if result.generation_logits is not None:
         out["generation_logits"] = t(result.generation_logits[None, None], np.float32)
     if result.context_logits is not None:

@@ -149,7 +149,7 @@ class GoodputController(EngineCosts):
 
             def values(acceptance: list[float], draft: list[float], catchup: float,
                        tokens: int | float | None = remaining) -> list[float]:
-                """Expected tokens per second by k; the catch-up spread over the iterations of `over` tokens."""
+                """Expected tokens per second by k; the catch-up spread over the iterations of `tokens` tokens."""
                 out, expected, p = [1.0 / max(plain, 1e-9)], 0.0, 1.0
                 for k, a in enumerate(acceptance, start=1):
                     p *= a

@@ -146,12 +146,6 @@ def _i32(*v: int) -> np.ndarray:
     return np.array([list(v)], dtype=np.int32)
 
 
-def _ask(common: Mapping[str, np.ndarray], seq: Sequence[int], output_len: int) -> dict[str, np.ndarray]:
-    """An engine request's tensors: the request's own (`common`), the running sequence and the tokens to ask for."""
-    return dict(common, input_ids=np.array([seq], dtype=np.int32), input_lengths=_i32(len(seq)),
-                request_output_len=_i32(output_len))
-
-
 # the engine's own speculation (Medusa), as its perf metrics count it: asked with return_perf_metrics
 ENGINE_DRAFTS = (STAT.total_draft_tokens, STAT.total_accepted_draft_tokens)
 
@@ -205,14 +199,23 @@ class SpeculativeLoop:
         n = int(np.asarray(out["sequence_length"]).reshape(-1)[0])
         return [int(x) for x in ids[seq_len:n]]
 
+    def _ask(self, common: Mapping[str, np.ndarray], seq: Sequence[int], output_len: int,
+             min_tokens: int = 0) -> dict[str, np.ndarray]:
+        """An engine request's tensors: the request's own (`common`), the running sequence, the tokens to ask for and
+        how many must come before the end token may (under the version's name)."""
+        tensors = dict(common, input_ids=np.array([seq], dtype=np.int32), input_lengths=_i32(len(seq)),
+                       request_output_len=_i32(output_len))
+        if min_tokens > 0:
+            tensors[self.settings.engine_name("min_tokens")] = _i32(min_tokens)
+        return tensors
+
     def _draft_call(self, common: Mapping[str, np.ndarray]) -> Callable[[Sequence[int], int, bool], Proposal]:
         """The draft model as a drafter; `common`: the request's sampling tensors, built once per request."""
         model = self.settings.draft_model
 
         def draft(seq: Sequence[int], k: int, want_logits: bool) -> Proposal:
-            tensors = _ask(common, seq, k)
+            tensors = self._ask(common, seq, k, min_tokens=k)  # the draft must not stop early
             tensors["return_generation_logits"] = np.array([[want_logits]])
-            tensors[self.settings.engine_name("min_tokens")] = _i32(k)  # the draft must not stop early
             wanted = ["output_ids", "sequence_length"] + (["generation_logits"] if want_logits else [])
             out = self.call(model, tensors, wanted)
             tokens = self._new_tokens(out, len(seq))[:k]
@@ -237,9 +240,7 @@ class SpeculativeLoop:
         `in_target`: the drafter that takes the target's draft for the next call (next_k tokens) from this answer;
         `plain`: without a draft, the tokens to ask for (the engine steps them); `guided`: the request's grammar
         state, which masks the rows `top` is taken from as the engine masked the distributions it sampled from."""
-        tensors = _ask(common, seq, len(proposal.tokens) + 1 if proposal.tokens else plain)
-        if min_tokens > 0:
-            tensors[self.settings.engine_name("min_tokens")] = _i32(min_tokens)
+        tensors = self._ask(common, seq, len(proposal.tokens) + 1 if proposal.tokens else plain, min_tokens)
         if proposal.tokens:
             tensors["draft_input_ids"] = np.array([proposal.tokens], dtype=np.int32)
             if proposal.logits is not None:
@@ -289,10 +290,8 @@ class SpeculativeLoop:
     ) -> Iterator[list[int]]:
         """A plain run of up to `plain` tokens, streamed by the engine: each response's new tokens as they come
         (TensorRT-LLM's streamed responses carry only the tokens not sent before, sequence_length their count)."""
-        tensors = _ask(common, seq, plain)
+        tensors = self._ask(common, seq, plain, min_tokens)
         tensors["streaming"] = np.array([[True]])
-        if min_tokens > 0:
-            tensors[self.settings.engine_name("min_tokens")] = _i32(min_tokens)
         wanted = ["output_ids", "sequence_length"]
         if engine_drafts is not None:  # counted in the final response
             tensors["return_perf_metrics"] = np.array([[True]])
@@ -377,12 +376,12 @@ class SpeculativeLoop:
             proposal = guided.cut(proposal, plan.plain) if guided else proposal  # no token the grammar refuses
             draft = proposal.tokens
             remaining = req.max_tokens - len(generated)
-            streamed = req.stream and self._streams_runs(req)  # a plain run's tokens come as the engine makes them
+            engine_streams = req.stream and self._streams_runs(req)  # a run's tokens come as the engine makes them
             if passthrough:  # the whole rest in one call; streamed: a tree's worth a call, or a streamed run
                 plan = replace(plan, plain=remaining if not req.stream else
-                               min(remaining, PLAIN_RUN_MAX if streamed else self.settings.speculative.max_k + 1))
+                               min(remaining, PLAIN_RUN_MAX if engine_streams else self.settings.speculative.max_k + 1))
             plan = replace(plan, plain=guided.plain(plan.plain, remaining)) if guided else plan
-            streamed = streamed and not draft and plan.plain > 1
+            streamed = engine_streams and not draft and plan.plain > 1
             t0, sent = time.perf_counter(), 0
             with self.estimates.target_call(planner.call_tokens(seq, draft)) as step:
                 if streamed:

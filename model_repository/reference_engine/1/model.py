@@ -8,7 +8,6 @@ trtspec.reference_engine; this file moves tensors.
 
 import time
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 # importing trtspec sets OMP_WAIT_POLICY=PASSIVE before torch loads (see trtspec/__init__.py)
@@ -18,7 +17,7 @@ from trtspec.reference_engine.batching import BatchScheduler, QueueFull
 from trtspec.medusa import from_pbtxt
 from trtspec.spec.metrics import EngineGauges
 from trtspec.reference_engine import ReferenceEngine, RequestTensorError, request_from_tensors, result_tensors
-from trtspec.reference_engine.tensor_io import streaming
+from trtspec.reference_engine.tensor_io import token_tensors
 from trtspec.reference_engine.device import serving_threads
 
 
@@ -93,14 +92,13 @@ class TritonPythonModel:
             _send(sender, pb_utils.InferenceResponse(output_tensors=[]))
             return
         scheduled = time.monotonic_ns()
-        sent = [0] if streaming(get) else None  # streamed: the new tokens earlier responses carried
+        sent = [0] if req.streaming else None  # streamed: the new tokens earlier responses carried
 
         if sent is not None:
             def on_tokens(tokens):  # on the scheduler thread, each step's tokens as they are known
                 sent[0] += len(tokens)
-                sender.send(pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("output_ids", np.asarray(tokens, np.int32).reshape(1, 1, -1)),
-                    pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], np.int32))]))
+                sender.send(pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor(k, v) for k, v in token_tensors(tokens).items()]))
 
             req.on_tokens = on_tokens
 
