@@ -345,6 +345,8 @@ def test_controller_does_not_probe_on_a_requests_first_call():
     for _ in range(8):
         assert ctl.choose(1, {"model": 4}).k == 0  # acceptance 0: plain steps until the probe is due
         ctl.record(1, None, 0, 0, 0.040)
+    for _ in range(2):  # the probe's draft call and its verify row: 18 ms at a 5% share, 0.36 s of steps
+        ctl.record(1, None, 0, 0, 0.040)
     assert ctl.choose(1, {"model": 4}, missed=300, may_probe=False) == Choice(None, 0)
     assert ctl.choose(1, {"model": 4}, missed=2).probe
 
@@ -380,12 +382,15 @@ def test_controller_asks_an_in_engine_drafter_for_a_draft_only_when_the_next_ite
         ctl.record(1, None, 0, 0, 0.040)
         ctl.record(1, "model", 3, 0, 0.060, draft_s=0.0)
     asked = []
-    for _ in range(40):  # acceptance 0: plain steps, one probe per interval, announced one iteration before it
-        asked.append(ctl.next_draft_len("model", 4, load=1) > 0)
-        choice = ctl.choose(1, {"model": 4})
-        assert choice.k == 0 or choice.probe
-        ctl.record(1, choice.source, choice.k, 0, 0.040 if choice.k == 0 else 0.060, 0.0)
-    assert 1 <= sum(asked) <= 40 // 8
+    # acceptance 0: plain steps, one probe per interval (its verify rows, 4 calls of 20 ms, at most 5% of the time:
+    # 1.6 s), announced one iteration before it
+    verified = 0  # the head's draft that came with the last answer, verified by this call (Planner.plan)
+    for _ in range(80):
+        k = ctl.next_draft_len("model", 4, load=1)
+        asked.append(k > 0)
+        ctl.record(1, "model" if verified else None, verified, 0, 0.060 if verified else 0.040, 0.0)
+        verified = k
+    assert 1 <= sum(asked) <= 80 // 8
     assert ctl.next_draft_len("model", 0, load=1) == 0
     for _ in range(30):  # once its drafts are accepted, it drafts: asked every iteration, for what it will draft
         ctl.record(1, "model", 3, 3, 0.060, draft_s=0.0)
@@ -616,9 +621,10 @@ def test_a_draft_model_probe_is_spaced_by_its_whole_call_the_catch_up_included()
         ctl.record(1, "model", 2, 2, 0.048, ctl.draft_cost("model", 2, 1) + 0.002 * 40, missed=42)
     si = ESTIMATE_KEYS.index("model")
     ctl.est.probe_backoff[si] = 1.0
-    ctl.est.last_drafted[si] = ctl.est.clock[0] - 10.0  # 10 s of the deployment's time without drafting
-    assert ctl.probe_due("model", 1, missed=2)  # no catch-up: a probe drafting up to 64 tokens is due after ~5 s
-    assert not ctl.probe_due("model", 1, missed=1000)  # ~2 s more of catch-up: due after ~45 s
+    ctl.est.last_drafted[si] = ctl.est.clock[0] - 12.0  # 12 s of the deployment's time without drafting
+    # no catch-up: a probe drafting up to 64 tokens (0.26 s) and verifying them (0.26 s more) is due after ~10 s
+    assert ctl.probe_due("model", 1, missed=2)
+    assert not ctl.probe_due("model", 1, missed=1000)  # ~2 s more of catch-up: due after ~50 s
 
 
 def test_a_request_answered_in_one_run_still_drafts_where_lookup_or_a_probe_would():
@@ -651,8 +657,38 @@ def test_a_request_answered_in_one_run_still_drafts_where_lookup_or_a_probe_woul
     assert first_call_asks("hybrid") == 1  # lookup drafts a match here: the answer may make one
     assert first_call_asks("ngram") == 1
     assert first_call_asks("ngram", lookup_acceptance=0.1) == PLAIN_RUN_MAX  # it would not: target-only's calls
-    assert first_call_asks("model") == 1  # the deployment's probe is due: the next call takes it
+    # the deployment's probe is due: the next call takes it, so this one leaves one (a call more, not a token a call)
+    assert first_call_asks("model") == 8
     assert first_call_asks("model", model_probed_now=True) == PLAIN_RUN_MAX
+
+
+def test_others_drafting_does_not_cut_a_requests_runs_where_steps_are_not_batched():
+    # On a CPU (steps not batched) each request's choice is its own: two requests of eight drafting (their own
+    # acceptance) cut every other request's runs into calls of a token or two, each a step's wait (EAGLE-3 at 4 and
+    # 8 in flight: 0.93-0.96x target-only, drafting in 1% of iterations). Batched, or alone, the deployment's choices
+    # still count: the steps mix drafting and plain requests, and a lone request's predecessor is the best guess.
+    from trtspec.config import SpeculativeConfig
+    from trtspec.spec.drafters import Proposal
+    from trtspec.spec.planner import Planner, RequestPolicy
+    from trtspec.spec.speculative import PLAIN_RUN_MAX
+
+    def asks(load, batched, own_drafted=False):
+        spec = SpeculativeConfig.of(3, 3, draft_length_policy="adaptive", adaptive={"batched_steps": batched})
+        est = Estimates()
+        ctl = GoodputController(est, spec.adaptive)
+        for _ in range(50):
+            ctl.record(load, None, 0, 0, 0.040)
+        est.last_chosen[ESTIMATE_KEYS.index("model")] = est.clock[0]  # another request chose to draft just now
+        est.last_drafted[ESTIMATE_KEYS.index("model")] = est.clock[0]  # (so no probe is due)
+        assert ctl.drafting_lately(load)
+        planner = Planner(spec, est, RequestPolicy(48, 3, True, "model"), ("model",))
+        planner.drafted = own_drafted
+        return planner.plan(load, [0, 5, 6, 7], lambda s, seq, k: Proposal([])).plain
+
+    assert asks(8, batched=False) == PLAIN_RUN_MAX
+    assert asks(8, batched=False, own_drafted=True) == 1
+    assert asks(1, batched=False) == 1
+    assert asks(8, batched=True) == 1
 
 
 def test_a_probe_of_the_in_engine_drafter_is_one_requests_not_every_asking_ones():
@@ -666,3 +702,60 @@ def test_a_probe_of_the_in_engine_drafter_is_one_requests_not_every_asking_ones(
         ctl.record(8, None, 0, 0, 0.100)
     asked = [ctl.next_draft("model", 3, load=8, missed=30, remaining=40) for _ in range(8)]
     assert sum(a.probe for a in asked) == 1 and all(a.k == 0 for a in asked if not a.probe)
+
+
+def _probe_run_calls(accept: bool) -> int:
+    """Calls in a row that a request verifies a probe of the target's own drafter in, its drafts all accepted or all
+    rejected: the planner driven as the loop drives it, the head's draft coming with each answer."""
+    from trtspec.config import SpeculativeConfig
+    from trtspec.spec.drafters import Proposal
+    from trtspec.spec.planner import Planner, RequestPolicy
+
+    spec = SpeculativeConfig.of(3, 3, draft_length_policy="adaptive", adaptive={"batched_steps": False,
+                                                                                "probe_every": 8})
+    est = Estimates()
+    ctl = GoodputController(est, spec.adaptive)
+    for _ in range(400):  # plain steps long past any drafting: a probe is due, and drafting does not pay
+        ctl.record(4, None, 0, 0, 0.040)
+    est.verify_s[1, 4], est.verify_n[1, 4] = 0.052, 10
+    planner = Planner(spec, est, RequestPolicy(64, 3, True, "model"), ("model",), in_target=True)
+    seq, head, verified = list(range(40)), [], []
+    for _ in range(12):
+        plan = planner.plan(4, seq, lambda s, q, k: Proposal(list(head)))
+        draft = plan.tokens or []
+        new = (list(draft) if accept else [t + 1 for t in draft[:1]]) + [7]
+        seq += new
+        planner.outcome(plan, 4, draft, new, 0.052 if draft else 0.040, None, seq, len(new),
+                        lambda s, q, k: Proposal([]))
+        head = [7] * plan.next_k  # what the head drafted for the next call
+        verified.append(bool(draft))
+    return sum(verified)
+
+
+def test_a_probe_of_the_in_engine_drafter_goes_on_only_while_its_drafts_are_accepted():
+    # Once the head is caught up, its probe goes on for up to PROBE_RUN calls (one sample per catch-up left the
+    # estimate at its prior for long). Each call more costs the head's steps and the verify's rows (a third of a
+    # step on this project's CPU): where the drafts are rejected it stopped, so a weak head's probes cost a call's
+    # rows, not four (EAGLE-3 at 8 in flight, weak acceptance, in the simulator: 0.976x -> 0.982x target-only).
+    from trtspec.spec.controller import PROBE_RUN
+    assert _probe_run_calls(accept=True) >= PROBE_RUN  # (and then it drafts: accepted, drafting pays)
+    assert _probe_run_calls(accept=False) == 2  # the call that verified the rejected draft had asked for the next
+
+
+def test_a_probe_is_spaced_by_its_verify_rows_too():
+    # A probe's rows lengthen the step every request in it waits for: on this project's CPU a row is a quarter of a
+    # step at 4 in flight (44.6 -> 56.0 ms), and the head's probe verifies rows in up to PROBE_RUN calls. Spaced by its
+    # catch-up alone, EAGLE-3's probes cost the deployment 3-4.5% at 4 and 8 in flight (simulator, this CPU's costs).
+    ctl = _controller(probe_every=8, batched_steps=False)
+    for _ in range(30):
+        ctl.record(1, None, 0, 0, 0.040)
+        ctl.record(4, None, 0, 0, 0.045)
+    si = ESTIMATE_KEYS.index("model")
+    ctl.est.last_drafted[si] = ctl.est.clock[0] - 0.5  # 0.5 s without drafting: 8 plain steps are 0.36 s
+    assert ctl.probe_due("model", 4, head_missed=1, in_target=True)  # no row measured: priced at nothing yet
+    ctl.est.verify_s[1, 1], ctl.est.verify_n[1, 1] = 0.051, 10  # a row measured alone, where a call shows it
+    ctl.est.costs_version[0] += 1
+    # 4 calls of an 11 ms row at a 5% share: 0.9 s
+    assert not ctl.probe_due("model", 4, head_missed=1, in_target=True)
+    ctl.est.last_drafted[si] = ctl.est.clock[0] - 1.0
+    assert ctl.probe_due("model", 4, head_missed=1, in_target=True)

@@ -16,6 +16,10 @@ from trtspec.spec.drafters import ESTIMATE_KEYS
 from trtspec.spec.engine_costs import ALONE, EngineCosts, needs_draft_model
 from trtspec.spec.estimates import MAX_POSITIONS, MAX_STEP_TOKENS, Estimates, load_key, mean_update
 
+# a probe of the target's own drafter (EAGLE-3) verifies up to this many drafts in a row: its catch-up paid, each
+# more costs only the head's steps and the verify's rows, and one sample per catch-up left the estimate at its
+# prior for long
+PROBE_RUN = 4
 SHARED_MARGIN = 0.03  # the least gain, at a shared load, for which the deployment drafts
 PROBE_SHARE = 0.05  # the most of the deployment's time a source's probes may cost it (their draft calls)
 MAX_PROBE_BACKOFF = 4.0  # failed probes space the next ones out, up to this many times
@@ -241,28 +245,34 @@ class GoodputController(EngineCosts):
             self.est.last_chosen[ESTIMATE_KEYS.index(choice.source)] = self.est.clock[0]
         return choice
 
-    def probe_due(self, source: str, load: int, head_missed: int = 0, missed: int = 0) -> bool:
+    def probe_due(self, source: str, load: int, head_missed: int = 0, missed: int = 0, in_target: bool = False) -> bool:
         """A probe of `source` is due once the deployment has run, since the source last drafted (or was learnt),
         long enough that the probe costs it a bounded share of its time: its plain step `probe_every` times, and
         the probe's draft call PROBE_SHARE^-1 times, both times the source's backoff. In time, not in iterations:
         with many requests in flight, iterations come many to a step, and every request in the step waits for a
         probe's draft call. The draft call catches the draft model up on the `missed` tokens first (a request that
-        has not drafted: its whole sequence), and a probe of the target's own drafter catches it up on
-        `head_missed` positions: each costs that catch-up, bounded the same way."""
+        has not drafted: its whole sequence), and a probe of the target's own drafter (`in_target`) catches it up on
+        `head_missed` positions: each costs that catch-up, bounded the same way, and so do the probe's verify rows."""
         si = ESTIMATE_KEYS.index(source)
         est = self.est
         step = self.verify_cost(0, load)
         if step is None:
             return False  # a plain step first: what a probe's time is measured against
         interval = self.settings.probe_every * step
-        if needs_draft_model(source):
+        k = self._probe_len(source, MAX_POSITIONS)
+        costs = self._step_costs(load, k)
+        # its verify rows, which lengthen the step every request in it waits for (on this project's CPU a row is a
+        # quarter of a step), in each call it verifies: the target's own drafter's probe goes on for PROBE_RUN
+        # calls, and there its rows' measured cost includes the head's steps
+        rows = (costs[1][k] if costs is not None else 0.0) * (PROBE_RUN if in_target else 1)
+        cost = rows
+        if in_target:
+            cost += self.head_catchup_cost(head_missed, load)
+        elif needs_draft_model(source):
             rates = self.draft_rates(1)
             if rates is not None:  # what the probe's draft call costs the deployment: drafting alone, caught up
-                call = rates[0] * self._probe_len(source, MAX_POSITIONS) + self.catchup_cost(max(0, missed - 2), load,
-                                                                                            rates)
-                interval = max(interval, call / PROBE_SHARE)
-        if head_missed > 0:
-            interval = max(interval, self.head_catchup_cost(head_missed, load) / PROBE_SHARE)
+                cost += rates[0] * k + self.catchup_cost(max(0, missed - 2), load, rates)
+        interval = max(interval, cost / PROBE_SHARE)
         return float(est.clock[0] - est.last_drafted[si]) >= interval * max(1.0, float(est.probe_backoff[si]))
 
     def next_draft_len(self, source: str, cap: int, load: int, missed: int = 0, remaining: int | None = None,
@@ -288,7 +298,7 @@ class GoodputController(EngineCosts):
                                       plain_run=plain_run))
         if best is not None and best.source == source:
             return best
-        if may_probe and self.probe_due(source, load, missed):
+        if may_probe and self.probe_due(source, load, head_missed=missed, in_target=True):
             if not self.batched():  # each probe pays its own catch-up: one at a time, spaced out as they fail
                 self._mark_probe(source)  # (batched, probes are cheap and several together learn faster)
             return Choice(source, self._probe_len(source, cap), probe=True)

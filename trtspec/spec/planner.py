@@ -18,13 +18,14 @@ from typing import Callable, Sequence
 
 from trtspec.spec.drafters import SELECTIONS, SOURCES, Proposal, estimate_key
 from trtspec.spec.metrics import SpecStats
-from trtspec.spec.controller import Choice, GoodputController
-from trtspec.spec.estimates import Estimates
+from trtspec.spec.controller import PROBE_RUN, Choice, GoodputController
+from trtspec.spec.engine_costs import ALONE
+from trtspec.spec.estimates import Estimates, load_key
 from trtspec.spec.speculative import PLAIN_RUN_MAX, draft_len_at_load, fixed_draft_len, plain_run
 
-# A probe of the target's own drafter verifies up to this many drafts in a row: its catch-up paid, each more costs
-# only the head's steps and the verify's rows, and one sample per catch-up left the estimate at its prior for long
-PROBE_RUN = 4
+
+# why a plain call may be shorter than a whole run (Planner._may_draft_soon)
+DRAFTING, PROBE_DUE = "drafting", "probe due"
 
 # (source, running sequence, k) -> its proposal: the sources that need no engine call
 Propose = Callable[[str, Sequence[int], int], Proposal]
@@ -92,6 +93,8 @@ class Planner:
         self.follow_up: Plan | None = None
         self.announced = 0  # the target's own drafter: the k of a probe asked of it last call, verified this one
         self.probe_run = 0  # ... and how many such probes in a row this request has verified
+        self.probe_hit = True  # ... and whether the last it verified had a draft accepted (true before any)
+        self.drafted = False  # drafted by choice, or by a probe that was accepted
 
     @classmethod
     def sources_for(cls, selection: str, has_draft_model: bool, in_target: bool, disabled: bool) -> tuple[str, ...]:
@@ -177,7 +180,9 @@ class Planner:
                 asked = self.controller.next_draft("model", k, load, behind, remaining,
                                                    may_probe=bool(self.stats.num_iterations),
                                                    plain_run=self._plain_run())
-                if not asked.k and 0 < self.probe_run < PROBE_RUN:  # the head is caught up: the probe goes on
+                if not asked.k and 0 < self.probe_run < PROBE_RUN and self.probe_hit:
+                    # the head is caught up: the probe goes on while its drafts are accepted (each call more
+                    # costs the head's steps and the verify's rows: on this project's CPU, a third of a step)
                     asked = Choice("model", max(1, n), probe=True)
                 next_k, self.announced = asked.k, asked.k if asked.probe else 0
             else:
@@ -185,9 +190,15 @@ class Planner:
         plain = 1
         if self.runs and not next_k:
             stretch = None if self.stretch is None else self.stretch + 1
-            if stretch is not None and pol.adaptive and not self._may_draft_soon(load, usable, k, missed, remaining):
+            soon = self._may_draft_soon(load, usable, k, missed, remaining) if stretch is not None and pol.adaptive \
+                else DRAFTING
+            if soon is None:
                 stretch = None  # the deployment drafts nowhere now: whole runs, target-only's calls, until a probe pays
             plain = plain_run(stretch, remaining)
+            if soon == PROBE_DUE:
+                # the probe needs a later call, not a short one: every call more costs a round trip, and on a
+                # deployment that does not batch its steps a step's wait for the request that leaves and comes back
+                plain = plain_run(None, max(1, remaining // 2))
         return Plan(source, key, n, tokens, probe, next_k, plain, missed, lookup_only, k)
 
     def _plain_run(self) -> int:
@@ -195,19 +206,30 @@ class Planner:
         starts shorter), or one where its plain calls are a token each."""
         return PLAIN_RUN_MAX if self.runs else 1
 
-    def _may_draft_soon(self, load: int, usable: Sequence[str], k: int, missed: int, remaining: int) -> bool:
-        """Whether this request may draft within a plain run's tokens: the deployment chose to draft lately; prompt
-        lookup drafts a match at this load (the answer can make one mid-run, which a whole run steps past); or the
-        deployment's probe of the draft model is due (a request takes it on a later call, which a request answered
-        in one run never makes: short answers, once the deployment stopped drafting, would never probe again)."""
+    def _may_draft_soon(self, load: int, usable: Sequence[str], k: int, missed: int, remaining: int) -> str | None:
+        """Whether this request may draft within a plain run's tokens, and why: DRAFTING (doubling stretches from one
+        token) where drafting was chosen lately or prompt lookup drafts a match at this load (the answer can make one
+        mid-run, which a whole run steps past); PROBE_DUE where the deployment's probe of the draft model is due
+        and this call may not take it (a request's first call: it takes it on a later one, which a request answered
+        in one run never makes, so short answers, once the deployment stopped drafting, would never probe again);
+        None: whole runs.
+
+        Whose choices count: batched (a GPU's), the deployment's, as the steps mix drafting and plain requests;
+        alone, the deployment's (its last request's choices are the best guess at its next's). Unbatched with
+        others in flight (a CPU's), each request's call is its own, and so is its choice: a few requests drafting
+        (their own acceptance, their draft model caught up) would otherwise cut every other request's runs into
+        calls of a token or two, each a step's wait on this CPU (measured: EAGLE-3 at 4 and 8 in flight)."""
         ctl = self.controller
-        if ctl.drafting_lately(load):
-            return True
+        if self.drafted if not ctl.batched() and load_key(load) != ALONE else ctl.drafting_lately(load):
+            return DRAFTING
         lookup = {estimate_key(s, SOURCES[s].match_levels): k for s in usable if not SOURCES[s].needs_draft_model}
         if lookup and ctl.would_draft(load, lookup, remaining, self._plain_run()):
-            return True
+            return DRAFTING
         head_missed, draft_missed = (missed, 0) if self.in_target else (0, missed)
-        return any(ctl.probe_due(s, load, head_missed, draft_missed) for s in usable if SOURCES[s].needs_draft_model)
+        if any(ctl.probe_due(s, load, head_missed=head_missed, missed=draft_missed, in_target=self.in_target)
+               for s in usable if SOURCES[s].needs_draft_model):
+            return PROBE_DUE
+        return None
 
     def outcome(
         self,
@@ -265,8 +287,12 @@ class Planner:
                                step_tokens if (clean or prefill) and plain == 1 else None, draft_missed,
                                prefill_s=verify_s if prefill else None, overhead_s=overhead_s)
         if self.stretch is not None:  # a probe that failed does not end a stretch
-            self.stretch = 0 if draft and (accepted or not plan.probe) else self.stretch + 1
+            drafted = bool(draft) and bool(accepted or not plan.probe)
+            self.stretch = 0 if drafted else self.stretch + 1
+            self.drafted = self.drafted or drafted
         if self.in_target:
+            if plan.probe and draft:
+                self.probe_hit = accepted > 0
             behind = plan.missed - (len(draft) + 1)
             if plan.next_k and behind > 0 and self.stats.num_iterations:
                 # what the catch-up added to the call: over a call that verified as many drafts without one
