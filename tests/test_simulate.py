@@ -204,11 +204,14 @@ def test_overlapped_engines_time_one_request_as_its_calls_add_up():
     always = Acceptance("always", 1.0, decay=1.0)
     costs = _Flat(0.010, 0.003)
     base = simulate_overlapped(costs, Policy.parse("target-only"), constant(1), always, requests=4, max_tokens=40,
-                               prompt=16, call_s=0.002)
-    # streamed: one token a call, each its round trip and one step
+                               prompt=16, call_s=0.002, stream=True)
+    # a token a plain call, each its round trip and one step
     assert base.seconds == pytest.approx(base.tokens * 0.012)
+    runs = simulate_overlapped(costs, Policy.parse("target-only"), constant(1), always, requests=4, max_tokens=40,
+                               prompt=16, call_s=0.002)
+    assert base.seconds - 2 * base.tokens * 0.002 < runs.seconds < base.seconds - base.tokens * 0.001  # runs of 16
     k2 = simulate_overlapped(costs, Policy.parse("2"), constant(1), always, requests=4, max_tokens=40, prompt=16,
-                             call_s=0.002)
+                             call_s=0.002, stream=True)
     # every draft accepted: 3 tokens an iteration, for a draft call of 2 steps and a verify, each with its round trip
     assert k2.accepted == k2.draft_tokens and k2.k_counts[2] > 40
     per_iteration = [0.002 + 0.010 + (0.002 + k * 0.003 if k else 0.0) for k in range(3)]
@@ -220,7 +223,7 @@ def test_overlapped_target_gathers_the_requests_it_answered_before_its_next_step
 
     costs = _Flat(0.010, 0.003)
     r = simulate_overlapped(costs, Policy.parse("target-only"), constant(4), PROFILES["weak"], requests=4,
-                            max_tokens=40, prompt=16, call_s=0.002, seed=3)
+                            max_tokens=40, prompt=16, call_s=0.002, seed=3, stream=True)
     rng = np.random.default_rng(3)  # the lengths the simulator draws for its 4 requests
     lengths = [int(rng.integers(20, 61)) + 0 * int(rng.integers(1 << 62)) for _ in range(4)]
     assert r.tokens == sum(lengths) and len(set(lengths)) > 1
@@ -251,8 +254,9 @@ def test_the_simulator_fed_this_cpus_engine_costs_predicts_the_deployments_ratio
     conditional = [rates[0]] + [min(b / a, 1.0) for a, b in zip(rates, rates[1:])]
     costs = MeasuredCosts(EngineCurve.from_bench_engine(data / "bench-engine-target.json"),
                           EngineCurve.from_bench_engine(data / "bench-engine-draft.json"))
+    # (measured where a streamed request's plain calls were a token each)
     cells = run_matrix(costs, (1, 4, 8), [Acceptance.measured(",".join(f"{a:.3f}" for a in conditional))], (1, 2), 4,
-                       overlapped=dict(call_s=0.005), requests=48, max_tokens=32, prompt=20)
+                       overlapped=dict(call_s=0.005, stream=True), requests=48, max_tokens=32, prompt=20)
     misses = []
     for cell in cells:
         c = int(cell.concurrency)

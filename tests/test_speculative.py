@@ -759,3 +759,27 @@ def test_a_probe_is_spaced_by_its_verify_rows_too():
     assert not ctl.probe_due("model", 4, head_missed=1, in_target=True)
     ctl.est.last_drafted[si] = ctl.est.clock[0] - 1.0
     assert ctl.probe_due("model", 4, head_missed=1, in_target=True)
+
+
+def test_a_plain_run_is_priced_by_its_steps_and_one_call_not_by_the_mean_of_calls_of_every_length():
+    # A plain call costs its steps and, once, the engine request's round trip. Where a request steps aside in
+    # stretches that double from one token (1, 2, 4, 8, 16), the mean per step over those calls carries ~40% of a
+    # round trip, and a drafting iteration that saves less than that looked cheaper than a plain run, which carries
+    # 1/16 of one (this CPU's deployment at 1 in flight: 5 times the target calls of target-only, 0.97x).
+    ctl = _controller(probe_every=1000, batched_steps=False)
+    for _ in range(40):
+        for steps in (1, 2, 4, 8, 16):  # 16 ms a call beyond its 40 ms steps: 46 ms a step, the mean over them
+            ctl.record(1, None, 0, 0, (0.016 + 0.040 * steps) / steps, steps=steps)
+    a, b = ctl.plain_call(1)
+    assert a == pytest.approx(0.016) and b == pytest.approx(0.040)
+    for i in range(100):  # prompt lookup: a verify of 1 is a call of 60 ms, accepted a third of the time: 45 ms a token
+        ctl.record(1, NGRAM, 1, int(i % 3 == 0), 0.060)
+    assert ctl.choose(1, {NGRAM: 1}, plain_run=1).k == 1  # against plain calls of a token: 56 ms a token
+    assert ctl.choose(1, {NGRAM: 1}, plain_run=16).k == 0  # against runs: 41 ms a token
+
+
+def test_plain_calls_of_one_length_do_not_tell_a_call_from_its_steps():
+    ctl = _controller()
+    for _ in range(20):
+        ctl.record(1, None, 0, 0, 0.040, steps=16)
+    assert ctl.plain_call(1) is None

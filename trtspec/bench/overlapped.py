@@ -87,14 +87,15 @@ def simulate_overlapped(
     requests: int = 64,
     prompt: int = 256,
     max_tokens: int = 128,
-    stream: bool = True,
+    stream: bool = False,
     seed: int = 0,
     call_s: float = 0.004,
     max_batch: int = 8,
     concurrency_label: str = "",
 ) -> CellResult:
-    """As trtspec.bench.simulate.simulate, with the engines overlapping (the module's docstring). `stream`: the
-    bench's requests are streamed (a plain call asks for one token)."""
+    """As trtspec.bench.simulate.simulate, with the engines overlapping (the module's docstring). A plain call is a
+    run, as the engine streams it; `stream`: a token a plain call instead (a request whose tokens the loop checks one
+    by one: log-probabilities, a guide)."""
     spec = SpeculativeConfig.of(max(policy.k, 1), policy.k,
                                 draft_length_policy="adaptive" if policy.adaptive else "fixed",
                                 adaptive=AdaptivePolicy(batched_steps=False))

@@ -32,8 +32,8 @@ Engines (--engines):
   lockstep           a draft call, then one target step over every request, as on one GPU
   overlapped         the draft and target engines on their own clocks at once, each stepping its own
                      in-flight batch, and each engine call costing --call-ms of the loop's own (a Triton
-                     round trip): the reference engine on a CPU, its engines on separate cores, the
-                     bench's requests streamed. With the costs of `trtspec bench-engine` on that CPU and
+                     round trip): the reference engine on a CPU, its engines on separate cores, plain
+                     calls runs the engine streams. With the costs of `trtspec bench-engine` on that CPU and
                      --acceptance from a `trtspec bench` run, it predicts that run's ratios
 
 \b

@@ -136,7 +136,11 @@ class GoodputController(EngineCosts):
         n = load_key(load)
         share = step / n
         over = self.iteration_overhead(load) / n  # while one request's loop works, the engine steps the others
-        plain = share + over / max(1, plain_run)
+        # A plain step's mean is over calls of every length, each paying its call's round trip once: where the
+        # request's plain calls are runs, a step of a run costs less (unbatched, where calls' times price the steps)
+        runs = self.plain_call(load) if plain_run > 1 and not self.batched() else None
+        plain_step = step if runs is None else min(step, runs[1] + runs[0] / plain_run)
+        plain = plain_step / n + over / max(1, plain_run)
         best, best_value = Choice(None, 0), 1.0 / max(plain, 1e-9)
         for source, cap in candidates.items():
             if cap <= 0:
@@ -414,6 +418,11 @@ class GoodputController(EngineCosts):
                                      or (draft_s is not None and source is not None))
             if verify_s is not None:
                 mean_update(est.verify_s, est.verify_n, (proposed, n), verify_s, st.cost_smoothing)
+                if not proposed:
+                    est.plain_fit_n[n] += 1
+                    w = max(1.0 / est.plain_fit_n[n], st.cost_smoothing)
+                    y = verify_s * steps
+                    est.plain_fit[n] += w * (np.array([1.0, steps, steps * steps, y, steps * y]) - est.plain_fit[n])
             if overhead_s is not None:
                 mean_update(est.overhead_s, est.overhead_n, (n,), max(0.0, overhead_s), st.cost_smoothing)
             step_s = verify_s if verify_s is not None else prefill_s

@@ -201,6 +201,25 @@ class EngineCosts:
                 return a, c
         return None, None
 
+    def plain_call(self, load: int) -> tuple[float, float] | None:
+        return self.est.memo(('plain_call', load), lambda: self._plain_call(load))
+
+    def _plain_call(self, load: int) -> tuple[float, float] | None:
+        """(seconds a plain call costs beyond its steps, seconds a step) at the load nearest `load`, fitted over the
+        plain calls of every length measured there; None where they cannot tell the two apart (calls of one length).
+        A call of one token pays the engine request's round trip for one token, a run of 16 for 16."""
+        loads = nonzero(self.est.plain_fit_n)
+        if loads.size == 0:
+            return None
+        m = int(loads[np.argmin(np.abs(loads - load_key(load)))])
+        s1, sx, sxx, sy, sxy = self.est.plain_fit[m].tolist()
+        var = sxx / s1 - (sx / s1) ** 2
+        if var < 0.5:  # (the steps of calls differ by less than a token or so)
+            return None
+        b = (sxy / s1 - sx / s1 * sy / s1) / var
+        a = sy / s1 - b * sx / s1
+        return (a, b) if a >= 0 and b > 0 else None
+
     def plain_step(self, load: int) -> float | None:
         return self.est.memo(('plain_step', load), lambda: self._plain_step(load))
 

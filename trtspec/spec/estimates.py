@@ -24,6 +24,10 @@ def _layout() -> dict[str, tuple[int, ...]]:
         "accepted": (s, p),  # ... and whose position i was accepted (both decayed: recent drafts weigh more)
         "verify_s": (k, n),  # seconds of a target call verifying k draft tokens at n in flight (k = 0: a plain step)
         "verify_n": (k, n),  # how many calls that mean holds
+        # plain calls by n in flight, fitted as seconds = a + b * steps (a: what a call costs beyond its steps, the
+        # engine request's round trip; b: a step's): weighted sums of 1, x, x*x, y, x*y (x steps, y seconds)
+        "plain_fit": (n, 5),
+        "plain_fit_n": (n,),
         # a draft-model call's seconds with n requests in the call, fitted as a * k drafted + c * m caught up (the
         # tokens it prefills first, beyond the usual 2): weighted sums of k*k, k*m, m*m, k*s, m*s
         "draft_fit": (n, 5),
