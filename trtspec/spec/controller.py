@@ -21,7 +21,7 @@ from trtspec.spec.estimates import MAX_POSITIONS, MAX_STEP_TOKENS, Estimates, lo
 # prior for long
 PROBE_RUN = 4
 SHARED_MARGIN = 0.03  # the least gain, at a shared load, for which the deployment drafts
-PROBE_SHARE = 0.05  # the most of the deployment's time a source's probes may cost it (their draft calls)
+PROBE_SHARE = 0.05  # the most of the deployment's time a source's probes may cost it (their calls and rows)
 MAX_PROBE_BACKOFF = 4.0  # failed probes space the next ones out, up to this many times
 
 
@@ -252,7 +252,8 @@ class GoodputController(EngineCosts):
     def probe_due(self, source: str, load: int, head_missed: int = 0, missed: int = 0, in_target: bool = False) -> bool:
         """A probe of `source` is due once the deployment has run, since the source last drafted (or was learnt),
         long enough that the probe costs it a bounded share of its time: its plain step `probe_every` times, and
-        the probe's draft call PROBE_SHARE^-1 times, both times the source's backoff. In time, not in iterations:
+        the probe's cost (its draft call or catch-up, and its verify rows) PROBE_SHARE^-1 times, both times the
+        source's backoff. In time, not in iterations:
         with many requests in flight, iterations come many to a step, and every request in the step waits for a
         probe's draft call. The draft call catches the draft model up on the `missed` tokens first (a request that
         has not drafted: its whole sequence), and a probe of the target's own drafter (`in_target`) catches it up on

@@ -23,7 +23,6 @@ from trtspec.spec.engine_costs import ALONE
 from trtspec.spec.estimates import Estimates, load_key
 from trtspec.spec.speculative import PLAIN_RUN_MAX, draft_len_at_load, fixed_draft_len, plain_run
 
-
 # why a plain call may be shorter than a whole run (Planner._may_draft_soon)
 DRAFTING, PROBE_DUE = "drafting", "probe due"
 
@@ -190,12 +189,13 @@ class Planner:
         plain = 1
         if self.runs and not next_k:
             stretch = None if self.stretch is None else self.stretch + 1
-            soon = self._may_draft_soon(load, usable, k, missed, remaining) if stretch is not None and pol.adaptive \
-                else DRAFTING
-            if soon is None:
+            why = DRAFTING  # the stretch doubles from one token
+            if stretch is not None and pol.adaptive:
+                why = self._may_draft_soon(load, usable, k, missed, remaining)
+            if why is None:
                 stretch = None  # the deployment drafts nowhere now: whole runs, target-only's calls, until a probe pays
             plain = plain_run(stretch, remaining)
-            if soon == PROBE_DUE:
+            if why == PROBE_DUE:
                 # the probe needs a later call, not a short one: every call more costs a round trip, and on a
                 # deployment that does not batch its steps a step's wait for the request that leaves and comes back
                 plain = plain_run(None, max(1, remaining // 2))
@@ -220,7 +220,8 @@ class Planner:
         (their own acceptance, their draft model caught up) would otherwise cut every other request's runs into
         calls of a token or two, each a step's wait on this CPU (measured: EAGLE-3 at 4 and 8 in flight)."""
         ctl = self.controller
-        if self.drafted if not ctl.batched() and load_key(load) != ALONE else ctl.drafting_lately(load):
+        own_choices = not ctl.batched() and load_key(load) != ALONE
+        if self.drafted if own_choices else ctl.drafting_lately(load):
             return DRAFTING
         lookup = {estimate_key(s, SOURCES[s].match_levels): k for s in usable if not SOURCES[s].needs_draft_model}
         if lookup and ctl.would_draft(load, lookup, remaining, self._plain_run()):
