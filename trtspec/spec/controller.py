@@ -264,6 +264,10 @@ class GoodputController(EngineCosts):
         if step is None:
             return False  # a plain step first: what a probe's time is measured against
         interval = self.settings.probe_every * step
+        backoff = max(1.0, float(est.probe_backoff[si]))
+        since = float(est.clock[0] - est.last_drafted[si])
+        if since < interval * backoff:
+            return False  # not due on its plain steps alone: the probe's own cost can only make it later
         k = self._probe_len(source, MAX_POSITIONS)
         costs = self._step_costs(load, k)
         # its verify rows, which lengthen the step every request in it waits for (on this project's CPU a row is a
@@ -277,8 +281,7 @@ class GoodputController(EngineCosts):
             rates = self.draft_rates(1)
             if rates is not None:  # what the probe's draft call costs the deployment: drafting alone, caught up
                 cost += rates[0] * k + self.catchup_cost(max(0, missed - 2), load, rates)
-        interval = max(interval, cost / PROBE_SHARE)
-        return float(est.clock[0] - est.last_drafted[si]) >= interval * max(1.0, float(est.probe_backoff[si]))
+        return since >= max(interval, cost / PROBE_SHARE) * backoff
 
     def next_draft_len(self, source: str, cap: int, load: int, missed: int = 0, remaining: int | None = None,
                        may_probe: bool = True, plain_run: int = 1) -> int:
@@ -420,10 +423,9 @@ class GoodputController(EngineCosts):
             if verify_s is not None:
                 mean_update(est.verify_s, est.verify_n, (proposed, n), verify_s, st.cost_smoothing)
                 if not proposed:
-                    est.plain_fit_n[n] += 1
-                    w = max(1.0 / est.plain_fit_n[n], st.cost_smoothing)
                     y = verify_s * steps
-                    est.plain_fit[n] += w * (np.array([1.0, steps, steps * steps, y, steps * y]) - est.plain_fit[n])
+                    sums = np.array([1.0, steps, steps * steps, y, steps * y])
+                    mean_update(est.plain_fit, est.plain_fit_n, (n,), sums, st.cost_smoothing)
             if overhead_s is not None:
                 mean_update(est.overhead_s, est.overhead_n, (n,), max(0.0, overhead_s), st.cost_smoothing)
             step_s = verify_s if verify_s is not None else prefill_s
@@ -437,16 +439,12 @@ class GoodputController(EngineCosts):
             if draft_s is None or not needs_draft_model(source):
                 return
             b, m = load_key(draft_batch), float(max(0, missed - 2) if draft_missed is None else draft_missed)
-            est.draft_fit_n[b] += 1
-            w = max(1.0 / est.draft_fit_n[b], st.cost_smoothing)
             sample = np.array([proposed * proposed, proposed * m, m * m, proposed * draft_s, m * draft_s])
-            est.draft_fit[b] += w * (sample - est.draft_fit[b])
+            mean_update(est.draft_fit, est.draft_fit_n, (b,), sample, st.cost_smoothing)
             weight = self.token_weight(b, m) if self.batched() and b != ALONE else None
             if weight is not None:
-                est.draft_units_n[b] += 1
                 u = proposed + weight * m
-                w = max(1.0 / est.draft_units_n[b], st.cost_smoothing)
-                est.draft_units[b] += w * (np.array([u * u, u * draft_s]) - est.draft_units[b])
+                mean_update(est.draft_units, est.draft_units_n, (b,), np.array([u * u, u * draft_s]), st.cost_smoothing)
 
     def observe(self, scored: Iterable[tuple[str, int, int]]) -> None:
         """Proposals that were not drafted, (estimate key, proposed, accepted) each, scored against the tokens the

@@ -120,8 +120,10 @@ class Estimates:
                 self.stepping[0] -= tokens
 
 
-def mean_update(means: np.ndarray, counts: np.ndarray, index: tuple, value: float, smoothing: float) -> None:
-    """A running mean that becomes an exponential one after 1/smoothing samples (tracks load and context)."""
+def mean_update(means: np.ndarray, counts: np.ndarray, index: tuple, value: float | np.ndarray,
+                smoothing: float) -> None:
+    """A running mean that becomes an exponential one after 1/smoothing samples (tracks load and context); `value`
+    a number, or a vector of them where `index` names a row (a fit's weighted sums)."""
     counts[index] += 1
     weight = max(1.0 / counts[index], smoothing)
     means[index] += weight * (value - means[index])
