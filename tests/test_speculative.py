@@ -185,6 +185,31 @@ def test_controller_drafts_longer_as_acceptance_rises():
     assert means[2] >= 3
 
 
+def test_a_longer_draft_is_explored_at_its_last_position_not_by_a_bonus_on_every_position():
+    # this project's CPU with the EAGLE-3 head at one in flight: a head step and a row cost a sixth of a step, and
+    # acceptance 0.4 at every position, so k = 1 pays most (k = 2 3% less, k = 3 11% less). Deep positions are
+    # reached by few drafts and their estimates stay uncertain: their bonuses, compounded, drew the controller to
+    # k = 2-6 in up to 43% of its iterations
+    for seed in range(4):
+        dep, ctl = Deployment([0.4], draft_per_token=0.0, seed=seed), _controller()
+        dep.step_cost = lambda k: 0.036 if k == 0 else 0.034 + 0.006 * k
+        ks = _ks(dep, ctl, 400, load=1)[100:]
+        assert ks.count(1) >= 0.9 * len(ks), (seed, np.bincount(ks).tolist())
+
+
+def test_a_stale_mean_of_a_shorter_draft_does_not_price_it_above_a_longer_one():
+    # each k's mean moves only while it is chosen: k = 2 measured twice while the machine was slow, k = 3 since
+    ctl = _controller()
+    est = ctl.est
+    for k, (seconds, calls) in enumerate([(0.036, 20), (0.041, 50), (0.056, 2), (0.050, 50)]):
+        est.verify_s[k, 1], est.verify_n[k, 1] = seconds, calls
+    costs = ctl.verify_costs(3, 1)
+    assert costs == sorted(costs)
+    # pooled with the longer draft's, each by its samples (the smoothing's window at most)
+    assert costs[2] == costs[3] == pytest.approx((0.056 * 2 + 0.050 * 10) / 12)
+    assert costs[1] == pytest.approx(0.041)
+
+
 def test_controller_drafts_shorter_as_load_raises_the_step_cost():
     # one deployment, two loads: at 8 in flight the batched step is compute-bound, so verifying k drafts costs
     # nearly k + 1 plain steps and every draft token costs more

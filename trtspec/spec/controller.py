@@ -156,18 +156,23 @@ class GoodputController(EngineCosts):
                     self.catchup_cost(max(0, missed - 2), load, rates)
 
             def values(acceptance: list[float], draft: list[float], catchup: float,
-                       tokens: int | float | None = remaining) -> list[float]:
-                """Expected tokens per second by k; the catch-up spread over the iterations of `tokens` tokens."""
+                       tokens: int | float | None = remaining, optimistic: list[float] | None = None) -> list[float]:
+                """Expected tokens per second by k; the catch-up spread over the iterations of `tokens` tokens.
+                `optimistic`: acceptance with its bonus, taken at each k's last position only, the one position
+                that k adds: compounded over every position, the bonuses of deep positions (few drafts reach them,
+                so they stay uncertain) priced a long draft far above what it yields."""
                 out, expected, p = [1.0 / max(plain, 1e-9)], 0.0, 1.0
                 for k, a in enumerate(acceptance, start=1):
+                    tried = expected + p * (a if optimistic is None else optimistic[k - 1])
                     p *= a
                     expected += p
-                    iterations = max(1.0, (tokens or 0) / (1.0 + expected))
-                    out.append((1.0 + expected) / max(share + over + rows[k] + draft[k] + catchup / iterations, 1e-9))
+                    iterations = max(1.0, (tokens or 0) / (1.0 + tried))
+                    out.append((1.0 + tried) / max(share + over + rows[k] + draft[k] + catchup / iterations, 1e-9))
                 return out
 
             if n == ALONE:
-                own = values(self.acceptance(source, cap, optimistic=True), draft, catchup)
+                own = values(self.acceptance(source, cap), draft, catchup,
+                             optimistic=self.acceptance(source, cap, optimistic=True))
                 k = int(np.argmax(own))
             else:
                 # Shared, the requests draft alike: the draft engine's call runs as many steps as its longest draft,
@@ -367,7 +372,8 @@ class GoodputController(EngineCosts):
         next iteration, this request's or another's, probes instead); `remaining`: the request's tokens still to
         come (the catch-up is spread over them); `plain_run`: the tokens a plain call takes. Sources in asking order
         (the first wins a tie).
-        Each candidate's value is its expected tokens per second, acceptance optimistic by its standard error."""
+        Each candidate's value is its expected tokens per second; alone, a draft's last position's acceptance is
+        optimistic by its standard error."""
         best = self._chose(self._best(load, candidates, missed, remaining, plain_run=plain_run))
         if best is None:
             return Choice(None, 0)  # measure a plain step first

@@ -20,6 +20,18 @@ def _through_nearest_two(values: list[float], measured: list[int], k: int) -> fl
     return values[k0] + (values[k1] - values[k0]) * (k - k0) / (k1 - k0)
 
 
+def _pooled(values: list[float], weights: list[float]) -> list[float]:
+    """`values` made non-decreasing: adjacent ones out of order pooled into their weighted mean (isotonic regression)."""
+    blocks: list[list[float]] = []  # [mean, weight, how many values]
+    for v, w in zip(values, weights):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, c2 = blocks.pop()
+            v1, w1, c1 = blocks[-1]
+            blocks[-1] = [(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2]
+    return [b[0] for b in blocks for _ in range(int(b[2]))]
+
+
 def _slope(points: np.ndarray, values: np.ndarray) -> float:
     """The least-squares slope of `values` over `points` (at least two distinct), never below 0."""
     x = points - points.mean()
@@ -80,6 +92,13 @@ class EngineCosts:
         drafted = [k for k in range(1, len(counts)) if counts[k]]
         if not counts[0] or not drafted:
             return None
+        # Verifying fewer drafts never costs more. Each k's mean moves only while it is chosen, and on a machine whose
+        # speed drifts an old mean can sit above a longer draft's fresh one and strand the controller on the k
+        # around it. Out of order, the means are pooled, each weighed by its samples (the smoothing's window at most).
+        window = 1.0 / getattr(self.settings, "cost_smoothing", 0.1)
+        pooled = _pooled([means[k] for k in drafted], [min(counts[k], window) for k in drafted])
+        for k, v in zip(drafted, pooled):
+            means[k] = v
         out = [means[0]]
         for k in range(1, kmax + 1):
             if counts[k]:
