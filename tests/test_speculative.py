@@ -729,7 +729,7 @@ def test_a_probe_of_the_in_engine_drafter_is_one_requests_not_every_asking_ones(
     assert sum(a.probe for a in asked) == 1 and all(a.k == 0 for a in asked if not a.probe)
 
 
-def _probe_run_calls(accept: bool) -> int:
+def _probe_run_calls(accept: bool, load: int = 4) -> int:
     """Calls in a row that a request verifies a probe of the target's own drafter in, its drafts all accepted or all
     rejected: the planner driven as the loop drives it, the head's draft coming with each answer."""
     from trtspec.config import SpeculativeConfig
@@ -741,16 +741,16 @@ def _probe_run_calls(accept: bool) -> int:
     est = Estimates()
     ctl = GoodputController(est, spec.adaptive)
     for _ in range(400):  # plain steps long past any drafting: a probe is due, and drafting does not pay
-        ctl.record(4, None, 0, 0, 0.040)
-    est.verify_s[1, 4], est.verify_n[1, 4] = 0.052, 10
+        ctl.record(load, None, 0, 0, 0.040)
+    est.verify_s[1, load], est.verify_n[1, load] = 0.052, 10
     planner = Planner(spec, est, RequestPolicy(64, 3, True, "model"), ("model",), in_target=True)
     seq, head, verified = list(range(40)), [], []
     for _ in range(12):
-        plan = planner.plan(4, seq, lambda s, q, k: Proposal(list(head)))
+        plan = planner.plan(load, seq, lambda s, q, k: Proposal(list(head)))
         draft = plan.tokens or []
         new = (list(draft) if accept else [t + 1 for t in draft[:1]]) + [7]
         seq += new
-        planner.outcome(plan, 4, draft, new, 0.052 if draft else 0.040, None, seq, len(new),
+        planner.outcome(plan, load, draft, new, 0.052 if draft else 0.040, None, seq, len(new),
                         lambda s, q, k: Proposal([]))
         head = [7] * plan.next_k  # what the head drafted for the next call
         verified.append(bool(draft))
@@ -765,6 +765,14 @@ def test_a_probe_of_the_in_engine_drafter_goes_on_only_while_its_drafts_are_acce
     from trtspec.spec.controller import PROBE_RUN
     assert _probe_run_calls(accept=True) >= PROBE_RUN  # (and then it drafts: accepted, drafting pays)
     assert _probe_run_calls(accept=False) == 2  # the call that verified the rejected draft had asked for the next
+
+
+def test_alone_a_probe_of_the_in_engine_drafter_goes_on_for_its_whole_run():
+    # Alone, the rows are the request's own and the catch-up is paid: each call more buys a sample for a head step
+    # and a row. Stopped at the first rejection, a cold deployment's probes learnt one or two samples each, and the
+    # pessimistic prior held (served at 1 in flight: 4 draft tokens in 24 requests, 0.94x target-only)
+    from trtspec.spec.controller import PROBE_RUN
+    assert _probe_run_calls(accept=False, load=1) == PROBE_RUN
 
 
 def test_a_probe_is_spaced_by_its_verify_rows_too():

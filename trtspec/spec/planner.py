@@ -179,9 +179,12 @@ class Planner:
                 asked = self.controller.next_draft("model", k, load, behind, remaining,
                                                    may_probe=bool(self.stats.num_iterations),
                                                    plain_run=self._plain_run())
-                if not asked.k and 0 < self.probe_run < PROBE_RUN and self.probe_hit:
+                if not asked.k and 0 < self.probe_run < PROBE_RUN and (self.probe_hit or load_key(load) == ALONE):
                     # the head is caught up: the probe goes on while its drafts are accepted (each call more
-                    # costs the head's steps and the verify's rows: on this project's CPU, a third of a step)
+                    # costs the head's steps and the verify's rows, a third of a step on this project's CPU, that
+                    # every request in the step waits for); alone, for all PROBE_RUN calls: the rows are the
+                    # request's own, and one or two samples for a catch-up left a cold deployment's estimate at
+                    # its pessimistic prior for many probes
                     asked = Choice("model", max(1, n), probe=True)
                 next_k, self.announced = asked.k, asked.k if asked.probe else 0
             else:
