@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from trtspec.bench.prompts import load_prompts  # noqa: E402
+from trtspec.bench.prompts import KINDS, builtin_prompts, load_prompts  # noqa: E402
 from trtspec.config import SpeculativeConfig  # noqa: E402
 from trtspec.demo_pair import EAGLE3_ASSET_DIR, resolve_checkpoint  # noqa: E402
 from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors  # noqa: E402
@@ -64,7 +64,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("policies", nargs="+", metavar="POLICY")
     ap.add_argument("--requests", type=int, default=20, help="requests per policy (the prompts in turn)")
-    ap.add_argument("--prompts", type=Path, default=HELDOUT, help="a prompt file (default: the held-out chat set)")
+    ap.add_argument("--prompts", default=str(HELDOUT),
+                    help="a prompt file (default: the held-out chat set), or a built-in kind (chat, code, grounded)")
     ap.add_argument("--max-tokens", type=int, default=48)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -75,7 +76,8 @@ def main() -> None:
         engine = ReferenceEngine(target, eagle3_head=EAGLE3_ASSET_DIR, device="cpu", dtype="float32",
                                  linear_kernels="compiled")
         loops[policy] = SpeculativeLoop(settings(policy), engine_call(engine), in_flight=lambda: 1)
-    prompts = [p.text for p in load_prompts(args.prompts)]
+    chosen = builtin_prompts([args.prompts]) if args.prompts in KINDS else load_prompts(args.prompts)
+    prompts = [p.text for p in chosen]
     seconds, tokens, calls, answers = dict.fromkeys(loops, 0.0), dict.fromkeys(loops, 0), dict.fromkeys(loops, 0), {}
     for i in range(args.requests):
         ids = tokenizer(prompts[i % len(prompts)])["input_ids"]

@@ -775,6 +775,29 @@ def test_alone_a_probe_of_the_in_engine_drafter_goes_on_for_its_whole_run():
     assert _probe_run_calls(accept=False, load=1) == PROBE_RUN
 
 
+def test_a_first_call_prices_the_heads_extension_over_the_prompt_not_a_catch_up_mid_request():
+    # The target computes a prompt's states in the first call anyway: asking the head for a draft there adds its
+    # extension alone (this project's CPU: 7.0 against 6.4 ms a prompt token), where a catch-up mid-request
+    # recomputes the target's states too (5.7 ms a position). Priced as the latter, a request whose head would pay
+    # started in plain runs and never drafted (served, the bench's chat at 1 in flight: 1.00x target-only)
+    ctl = _controller(batched_steps=False)
+    est = ctl.est
+    est.verify_s[:2, 1], est.verify_n[:2, 1] = (0.0316, 0.0385), (20, 20)
+    est.head_catchup_s[1], est.head_catchup_n[1] = 0.0057, 10
+    est.draft_fit[1], est.draft_fit_n[1] = (1, 0, 0, 0, 0), 1  # the head's drafts come with the answer: no call
+    si = ESTIMATE_KEYS.index("model")
+    est.reached[si, 0], est.accepted[si, 0] = 1000, 300
+    first = dict(missed=25, remaining=48, may_probe=False, first_call=True)
+    assert ctl.head_catchup_cost(25, 1, first_call=True) == ctl.head_catchup_cost(25, 1)  # until both are measured
+    assert ctl.next_draft("model", 1, 1, **first).k == 0
+    for _ in range(5):
+        ctl.record_first_call(False, 25, 25 * 0.0064)
+        ctl.record_first_call(True, 25, 25 * 0.0070)
+    assert ctl.head_catchup_cost(25, 1, first_call=True) == pytest.approx(25 * 0.0006)
+    assert ctl.next_draft("model", 1, 1, **first).k == 1
+    assert ctl.next_draft("model", 1, 1, **dict(first, first_call=False)).k == 0  # mid-request it does not pay
+
+
 def test_a_probe_is_spaced_by_its_verify_rows_too():
     # A probe's rows lengthen the step every request in it waits for: on this project's CPU a row is a quarter of a
     # step at 4 in flight (44.6 -> 56.0 ms), and the head's probe verifies rows in up to PROBE_RUN calls. Spaced by its

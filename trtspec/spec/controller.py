@@ -121,11 +121,13 @@ class GoodputController(EngineCosts):
         return verify[0], rows
 
     def _best(self, load: int, candidates: Mapping[str, int], missed: int = 0,
-              remaining: int | None = None, head_missed: int = 0, plain_run: int = 1) -> Choice | None:
+              remaining: int | None = None, head_missed: int = 0, plain_run: int = 1,
+              head_first: bool = False) -> Choice | None:
         """The choice of most expected tokens per second, without probes (None: no plain step measured yet).
         `remaining`: the request's tokens still to come, over whose drafting iterations the draft model's catch-up
         is spread (once caught up, it stays caught up while the request drafts); None: none, the whole catch-up
-        on this iteration. `head_missed`: the positions the target's own drafter would catch up on. `plain_run`: the
+        on this iteration. `head_missed`: the positions the target's own drafter would catch up on (`head_first`:
+        a request's first call, the prompt's, whose target states the call computes anyway). `plain_run`: the
         tokens a plain call takes (a run), over which its iteration's own overhead is spread; a drafting iteration
         pays it for its tokens alone (on this project's CPU, 4-5 ms of loop against a 38 ms step)."""
         kmax = max(candidates.values(), default=0)
@@ -152,7 +154,7 @@ class GoodputController(EngineCosts):
                     continue  # unmeasured: a probe measures it
                 draft = self.draft_costs(kmax, load, rates=rates)
                 marginal = self.marginal_draft_costs(kmax, load, rates) if n != ALONE and self.batched() else draft
-                catchup = self.head_catchup_cost(head_missed, load) if head_missed else \
+                catchup = self.head_catchup_cost(head_missed, load, head_first) if head_missed else \
                     self.catchup_cost(max(0, missed - 2), load, rates)
 
             def values(acceptance: list[float], draft: list[float], catchup: float,
@@ -254,7 +256,8 @@ class GoodputController(EngineCosts):
             self.est.last_chosen[ESTIMATE_KEYS.index(choice.source)] = self.est.clock[0]
         return choice
 
-    def probe_due(self, source: str, load: int, head_missed: int = 0, missed: int = 0, in_target: bool = False) -> bool:
+    def probe_due(self, source: str, load: int, head_missed: int = 0, missed: int = 0, in_target: bool = False,
+                  head_first: bool = False) -> bool:
         """A probe of `source` is due once the deployment has run, since the source last drafted (or was learnt),
         long enough that the probe costs it a bounded share of its time: its plain step `probe_every` times, and
         the probe's cost (its draft call or catch-up, and its verify rows) PROBE_SHARE^-1 times, both times the
@@ -281,7 +284,7 @@ class GoodputController(EngineCosts):
         rows = (costs[1][k] if costs is not None else 0.0) * (PROBE_RUN if in_target else 1)
         cost = rows
         if in_target:
-            cost += self.head_catchup_cost(head_missed, load)
+            cost += self.head_catchup_cost(head_missed, load, head_first)
         elif needs_draft_model(source):
             rates = self.draft_rates(1)
             if rates is not None:  # what the probe's draft call costs the deployment: drafting alone, caught up
@@ -293,14 +296,15 @@ class GoodputController(EngineCosts):
         return self.next_draft(source, cap, load, missed, remaining, may_probe, plain_run).k
 
     def next_draft(self, source: str, cap: int, load: int, missed: int = 0, remaining: int | None = None,
-                   may_probe: bool = True, plain_run: int = 1) -> Choice:
+                   may_probe: bool = True, plain_run: int = 1, first_call: bool = False) -> Choice:
         """How many tokens to ask a drafter inside the target engine (EAGLE-3) to draft for the next call, which each
         call computes when asked: the k the next iteration would draft if drafting from it pays now, the k of its
         probe if one is due, else 0. So a k = 0 stretch costs what plain steps cost, and a call drafting k pays
         for k tokens of drafting, not for `cap` (the head's steps are sequential). `missed`: the positions the head
         has not seen beyond those a drafting call extends it over (the drafts it verifies and the token after),
         which the call asking catches it up on (priced as measured, spread over `remaining` tokens);
-        `may_probe` false: no probe now (a request's first call, whose first token it would delay). Unbatched, a
+        `may_probe` false: no probe now; `first_call`: a request's first call, whose catch-up is over its prompt
+        (head_catchup_cost). Unbatched, a
         probe is the deployment's from the moment it is asked for (one request's, not every request's that asks in
         the meantime, each paying a catch-up); the asking request verifies its draft as a probe on its next call."""
         if cap <= 0:
@@ -308,10 +312,10 @@ class GoodputController(EngineCosts):
         # Batched (a GPU's), the catch-up is a few more tokens in a step that holds many: not priced, as before
         missed = 0 if self.batched() else missed
         best = self._chose(self._best(load, {source: cap}, remaining=remaining, head_missed=missed,
-                                      plain_run=plain_run))
+                                      plain_run=plain_run, head_first=first_call))
         if best is not None and best.source == source:
             return best
-        if may_probe and self.probe_due(source, load, head_missed=missed, in_target=True):
+        if may_probe and self.probe_due(source, load, head_missed=missed, in_target=True, head_first=first_call):
             if not self.batched():  # each probe pays its own catch-up: one at a time, spaced out as they fail
                 self._mark_probe(source)  # (batched, probes are cheap and several together learn faster)
             return Choice(source, self._probe_len(source, cap), probe=True)
@@ -335,11 +339,28 @@ class GoodputController(EngineCosts):
                          self.settings.cost_smoothing)
             self.est.costs_version[0] += 1
 
-    def head_catchup_cost(self, missed: int, load: int) -> float:
+    def record_first_call(self, asked: bool, prompt: int, seconds: float) -> None:
+        """A request's first call of a deployment whose target engine drafts (EAGLE-3): `prompt` tokens prefilled and
+        a step in `seconds`, the head `asked` for a draft (and so extended over the prompt) or not."""
+        if prompt <= 0:
+            return
+        with self.est.locked():
+            mean_update(self.est.head_prefill_s, self.est.head_prefill_n, (int(asked),), seconds / prompt,
+                        self.settings.cost_smoothing)
+            self.est.costs_version[0] += 1
+
+    def head_catchup_cost(self, missed: int, load: int, first_call: bool = False) -> float:
         """Seconds the target's own drafter's catch-up on `missed` positions (beyond the usual) adds to a call, at
-        the load measured nearest; 0 until one is measured (a probe measures it)."""
+        the load measured nearest; 0 until one is measured (a probe measures it). On a request's first call
+        (`first_call`) the positions are its prompt's, whose target states the call computes anyway: the head's
+        extension alone, a request's first calls asking a draft against those asking none, per prompt token, once
+        both are measured (on this project's CPU 0.6 ms a token, where a catch-up mid-request recomputes the
+        target's states too: 5.7 ms a position)."""
         if missed <= 0:
             return 0.0
+        seconds, calls = self.est.head_prefill_s.tolist(), self.est.head_prefill_n.tolist()
+        if first_call and all(calls):
+            return max(seconds[1] - seconds[0], 0.0) * missed
         n = self._nearest_load(self.est.head_catchup_n[None, :], load_key(load))
         return 0.0 if n is None else float(self.est.head_catchup_s[n]) * missed
 

@@ -40,6 +40,10 @@ def _layout() -> dict[str, tuple[int, ...]]:
         # call recomputes them and the head extends over them), by requests in flight, and how many calls
         "head_catchup_s": (n,),
         "head_catchup_n": (n,),
+        # ... and a request's first call's seconds per prompt token, [0] asking the head for no draft, [1] for one:
+        # their difference is what the head's extension over a prompt costs (the target computes its states anyway)
+        "head_prefill_s": (2,),
+        "head_prefill_n": (2,),
         # seconds an iteration spends outside its engine calls (the loop's own work, the answer's way to the client
         # and back), by requests in flight: a drafting iteration pays it for its tokens, a plain run once for many
         "overhead_s": (n,),

@@ -176,9 +176,13 @@ class Planner:
             # call that asks again has the engine catch the head up on every position it missed.
             if pol.adaptive:
                 behind = max(0, missed - (n + 1))  # what the head has not seen beyond what drafting extends it over
+                first = not self.stats.num_iterations
+                # a request's first call may probe the head where calls are not batched: its catch-up is the
+                # head's extension over the prompt alone, priced as measured (batched, a step's many rows make
+                # the first token wait for no probe)
                 asked = self.controller.next_draft("model", k, load, behind, remaining,
-                                                   may_probe=bool(self.stats.num_iterations),
-                                                   plain_run=self._plain_run())
+                                                   may_probe=not first or not self.controller.batched(),
+                                                   plain_run=self._plain_run(), first_call=first)
                 if not asked.k and 0 < self.probe_run < PROBE_RUN and (self.probe_hit or load_key(load) == ALONE):
                     # the head is caught up: the probe goes on while its drafts are accepted (each call more
                     # costs the head's steps and the verify's rows, a third of a step on this project's CPU, that
@@ -234,6 +238,17 @@ class Planner:
                for s in usable if SOURCES[s].needs_draft_model):
             return PROBE_DUE
         return None
+
+    def _record_first_call(self, plan: Plan, load: int, verify_s: float, plain: int, prompt: int) -> None:
+        """A request's first call, for what the head's extension over a prompt costs: its prefill and first step,
+        a plain run's further steps taken off at the plain step's measured cost."""
+        if plain > 1:
+            runs = self.controller.plain_call(load)
+            step = runs[1] if runs is not None else self.controller.plain_step(load)
+            if step is None:
+                return
+            verify_s -= (plain - 1) * step
+        self.controller.record_first_call(plan.next_k > 0, prompt, verify_s)
 
     def outcome(
         self,
@@ -295,6 +310,8 @@ class Planner:
             self.stretch = 0 if drafted else self.stretch + 1
             self.drafted = self.drafted or drafted
         if self.in_target:
+            if not self.stats.num_iterations and self.policy.adaptive:
+                self._record_first_call(plan, load, verify_s, plain, before)
             if plan.probe and draft:
                 self.probe_hit = accepted > 0
             behind = plan.missed - (len(draft) + 1)
