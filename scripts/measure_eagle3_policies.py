@@ -35,7 +35,7 @@ from transformers import AutoTokenizer  # noqa: E402
 from trtspec.bench.prompts import KINDS, builtin_prompts, load_prompts  # noqa: E402
 from trtspec.config import SpeculativeConfig  # noqa: E402
 from trtspec.demo_pair import EAGLE3_ASSET_DIR, resolve_checkpoint  # noqa: E402
-from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors  # noqa: E402
+from trtspec.reference_engine import ReferenceEngine, run_tensors  # noqa: E402
 from trtspec.spec.controller import GoodputController  # noqa: E402
 from trtspec.spec.loop import LoopRequest, LoopSettings, SpeculativeLoop  # noqa: E402
 
@@ -43,11 +43,9 @@ HELDOUT = REPO / "trtspec" / "assets" / "eval" / "heldout_chat.jsonl"
 TARGET_ONLY = "target-only"
 
 
-def engine_call(engine: ReferenceEngine):
-    """The loop's engine call straight to an in-process engine, through its tensor request and response code."""
-    def call(model, tensors, wanted):
-        return result_tensors(engine.run(request_from_tensors(tensors.get)), tensors.get)
-    return call
+def in_process(engine: ReferenceEngine):
+    """The loop's engine call, served by `engine` in this process."""
+    return lambda model, tensors, wanted: run_tensors(engine, tensors)
 
 
 def settings(policy: str) -> LoopSettings:
@@ -75,7 +73,7 @@ def main() -> None:
     for policy in [*args.policies, TARGET_ONLY]:
         engine = ReferenceEngine(target, eagle3_head=EAGLE3_ASSET_DIR, device="cpu", dtype="float32",
                                  linear_kernels="compiled")
-        loops[policy] = SpeculativeLoop(settings(policy), engine_call(engine), in_flight=lambda: 1)
+        loops[policy] = SpeculativeLoop(settings(policy), in_process(engine), in_flight=lambda: 1)
     chosen = builtin_prompts([args.prompts]) if args.prompts in KINDS else load_prompts(args.prompts)
     prompts = [p.text for p in chosen]
     seconds, tokens, calls, answers = dict.fromkeys(loops, 0.0), dict.fromkeys(loops, 0), dict.fromkeys(loops, 0), {}

@@ -128,12 +128,12 @@ def engine_call(engines):
     """The loop's `call` straight to in-process ReferenceEngine objects, through the engine model's own tensor
     request/response code (as the BLS calls it); a model not in `engines` is one that is not ready."""
     from trtspec.spec.loop import EngineCallError
-    from trtspec.reference_engine import request_from_tensors, result_tensors
+    from trtspec.reference_engine import run_tensors
 
     def call(model, t, wanted):
         if model not in engines:
             raise EngineCallError(f"{model} is not ready")
-        return result_tensors(engines[model].run(request_from_tensors(t.get)), t.get)
+        return run_tensors(engines[model], t)
 
     return call
 

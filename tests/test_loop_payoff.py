@@ -8,7 +8,7 @@ import pytest
 from conftest import loop_settings
 
 from trtspec.spec.loop import LoopRequest, SpeculativeLoop
-from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors
+from trtspec.reference_engine import ReferenceEngine, run_tensors
 from trtspec.spec.estimates import Estimates
 
 
@@ -20,7 +20,7 @@ class Counted:
 
     def __call__(self, model, t, wanted):
         self.calls[model] += 1
-        return result_tensors(self.engines[model].run(request_from_tensors(t.get)), t.get)
+        return run_tensors(self.engines[model], t)
 
 
 def _run(loop, **kw):
@@ -157,7 +157,7 @@ def test_the_controller_asks_eagle3_in_the_target_for_full_drafts_only_when_it_m
         def call(model, t, wanted):
             n = t.get("next_draft_len")
             asked.append(0 if n is None else int(np.asarray(n).reshape(-1)[0]))
-            return result_tensors(engine.run(request_from_tensors(t.get)), t.get)
+            return run_tensors(engine, t)
 
         tok = AutoTokenizer.from_pretrained(str(demo_pair.target))
         prompt = tok("Explain in two sentences why the sky is blue.")["input_ids"]

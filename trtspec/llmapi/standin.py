@@ -35,7 +35,7 @@ from trtspec.guided import GuidedSettings
 from trtspec.llmapi.fields import version_fields
 from trtspec.llmapi.parser import MAX_DRAFT_LEN, decoding_config_from_dict
 from trtspec.spec.loop import LoopRequest, LoopRequestError, LoopSettings, SpeculativeLoop
-from trtspec.reference_engine import ReferenceEngine, request_from_tensors, result_tensors
+from trtspec.reference_engine import ReferenceEngine, run_tensors
 from trtspec.spec.speculative import draft_len_at_load
 
 TARGET, DRAFT = "target", "draft"
@@ -207,8 +207,7 @@ class _EngineCall:
         self.engines = engines
 
     def __call__(self, model: str, tensors: dict[str, np.ndarray], wanted: list[str]) -> dict[str, np.ndarray]:
-        result = self.engines[model].run(request_from_tensors(tensors.get))
-        return result_tensors(result, tensors.get)
+        return run_tensors(self.engines[model], tensors)
 
 
 class _Requests:

@@ -43,6 +43,7 @@ from trtspec.reference_engine.tensor_io import (
     TensorGetter,
     request_from_tensors,
     result_tensors,
+    run_tensors,
 )
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "release_memory",
     "request_from_tensors",
     "result_tensors",
+    "run_tensors",
     "share_prefix",
     "tune_for_cpu",
 ]

@@ -199,3 +199,10 @@ def result_tensors(
     if flag("return_num_output_tokens"):
         out["num_output_tokens"] = t([[len(result.new_tokens)]], np.int32)
     return out
+
+
+def run_tensors(engine: Any, tensors: Any) -> dict[str, np.ndarray]:
+    """One request served in process as the engine model serves it through Triton: `tensors` (a mapping of the
+    request's input tensors) in, its output tensors out; `engine`: anything with `run(EngineRequest)` (a
+    ReferenceEngine, or its batch scheduler)."""
+    return result_tensors(engine.run(request_from_tensors(tensors.get)), tensors.get)

@@ -358,9 +358,9 @@ class GoodputController(EngineCosts):
         target's states too: 5.7 ms a position)."""
         if missed <= 0:
             return 0.0
-        seconds, calls = self.est.head_prefill_s.tolist(), self.est.head_prefill_n.tolist()
-        if first_call and all(calls):
-            return max(seconds[1] - seconds[0], 0.0) * missed
+        if first_call and self.est.head_prefill_n.all():
+            asked_none, asked = self.est.head_prefill_s.tolist()
+            return max(asked - asked_none, 0.0) * missed
         n = self._nearest_load(self.est.head_catchup_n[None, :], load_key(load))
         return 0.0 if n is None else float(self.est.head_catchup_s[n]) * missed
 
