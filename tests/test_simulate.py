@@ -16,6 +16,7 @@ from trtspec.bench.simulate import run_matrix, simulate
 from trtspec.bench.workload import PROFILES, Policy, constant
 from trtspec.config import AdaptivePolicy
 from trtspec.spec.controller import GoodputController
+from trtspec.spec.drafters import ESTIMATE_KEYS
 from trtspec.spec.estimates import Estimates
 
 H100 = GpuCosts("h100", Shape.known("llama-3.1-8b"), Shape.known("llama-3.2-1b"))
@@ -362,3 +363,61 @@ def test_warmup_and_seeds_pool_runs_and_leave_the_cold_start_out():
     # a fixed k has nothing to learn: the same speed warm or cold; the controller learns in its first wave
     assert warm.results["k=2"].tokens_per_s == pytest.approx(cold.results["k=2"].tokens_per_s, rel=0.05)
     assert warm.ratios("controller, k <= 4")[1] > cold.ratios("controller, k <= 4")[1]
+
+
+def _cold_batched_deployment() -> Estimates:
+    """A batched deployment of 32 requests that has not drafted yet but for probes: plain steps of 9 ms; three
+    probes' draft calls, one request each, told apart as 1.97 ms a drafted token and 3.7 us a caught-up one."""
+    est = Estimates()
+    ctl = GoodputController(est, AdaptivePolicy())
+    for _ in range(5):
+        ctl.record(32, None, 0, 0, 0.009)
+    for k, missed in ((1, 260), (1, 2), (2, 2)):
+        ctl.record(32, "model", k, k, 0.0092, draft_s=0.00197 * k + 3.7e-6 * (missed - 2), missed=missed)
+    est.clock[0] += 10.0  # long since: a probe is due
+    return est
+
+
+def test_a_cold_batched_deployments_probe_is_a_wave_of_requests_drafting_together():
+    # One request's probe pays the draft engine's steps for one or two acceptance samples, against a prior worth
+    # prior_drafts drafts: a cold deployment of 32 requests at acceptance 0.5 drafted nothing in a run where k = 1
+    # gained 10%. Batched, the requests that plan before the probe's draft call is answered probe with it: the fewest
+    # whose own costs (each one's catch-up of 258 tokens, 0.95 ms) are WAVE_SHARED times the draft step they share,
+    # and no more than the drafts that make the estimate informed (three are seen; 2 * prior_drafts inform it).
+    from trtspec.spec.controller import WAVE_SHARED
+
+    est = _cold_batched_deployment()
+    requests = [GoodputController(est, AdaptivePolicy()) for _ in range(16)]
+    choices = [ctl.choose(32, {"model": 4}, missed=260) for ctl in requests]
+    needed = 2 * AdaptivePolicy().prior_drafts - est.reached[ESTIMATE_KEYS.index("model"), 0]
+    wave = int(min(np.ceil(WAVE_SHARED * 0.00197 / (258 * 3.7e-6)), np.ceil(needed)))
+    assert wave == 6
+    assert [c.probe for c in choices] == [True] * wave + [False] * (16 - wave)
+    assert all(c.k == 1 for c in choices[:wave])
+    # the wave's draft call answered, it is closed: a request planning after it does not probe
+    requests[0].record(32, "model", 1, 1, 0.0093, draft_s=0.004, missed=260, draft_batch=wave)
+    assert not GoodputController(est, AdaptivePolicy()).choose(32, {"model": 4}, missed=260).probe
+
+
+def test_once_acceptance_is_measured_a_probe_is_one_requests_again():
+    # A large probe comes later (its cost is bounded as a share of the deployment's time), and a change in
+    # acceptance would be seen later (the drop profile): once the estimate is informed, probes are one request's.
+    est = _cold_batched_deployment()
+    est.reached[ESTIMATE_KEYS.index("model"), 0] = 2 * AdaptivePolicy().prior_drafts
+    requests = [GoodputController(est, AdaptivePolicy()) for _ in range(3)]
+    assert [ctl.choose(32, {"model": 4}, missed=260).probe for ctl in requests] == [True, False, False]
+
+
+def test_draft_rows_at_load_are_priced_by_the_steps_they_reach_not_a_line_to_compute_bound_ones():
+    # An H100's target steps at 64 in flight (docs/benchmarks/data/gpu-h100/steps.json): 64 tokens 9.59 ms, 128
+    # 10.48, 192 11.16, 320 13.80, 576 20.38; their cost a token rises as they turn compute-bound. The line through
+    # every step up to twice the most rows priced (k <= 4: 640 tokens) priced one draft row a request at 1.5x its
+    # cost and the plain step 6% under its own, and with the H100's measured costs in the simulator a cold
+    # deployment of 64 requests at acceptance 0.75 stayed 0.94x the best fixed k (4 seeds).
+    ctl = GoodputController(Estimates(), AdaptivePolicy())
+    for tokens, ms in ((64, 9.59), (128, 10.48), (192, 11.16), (320, 13.80), (576, 20.38)):
+        for _ in range(3):
+            ctl.record(64, None, 0, 0, ms / 1000, step_tokens=tokens)
+    steps = ctl.batch_steps(64, 4)
+    assert steps[0] == pytest.approx(0.00959, rel=0.03)
+    assert steps[1] - steps[0] == pytest.approx(0.00089, rel=0.2)

@@ -22,6 +22,7 @@ from trtspec.spec.estimates import MAX_POSITIONS, MAX_STEP_TOKENS, Estimates, lo
 PROBE_RUN = 4
 SHARED_MARGIN = 0.03  # the least gain, at a shared load, for which the deployment drafts
 PROBE_SHARE = 0.05  # the most of the deployment's time a source's probes may cost it (their calls and rows)
+WAVE_SHARED = 4.0  # a batched probe's requests: their own costs at least this many times the draft steps they share
 MAX_PROBE_BACKOFF = 4.0  # failed probes space the next ones out, up to this many times
 
 
@@ -276,20 +277,67 @@ class GoodputController(EngineCosts):
         since = float(est.clock[0] - est.last_drafted[si])
         if since < interval * backoff:
             return False  # not due on its plain steps alone: the probe's own cost can only make it later
+        wave = 1 if in_target else self._wave(source, load, missed)
+        shared, own = self._probe_cost(source, load, missed, head_missed, in_target, head_first, wave)
+        return since >= max(interval, (shared + own) / PROBE_SHARE) * backoff
+
+    def _probe_cost(self, source: str, load: int, missed: int = 0, head_missed: int = 0, in_target: bool = False,
+                    head_first: bool = False, wave: int = 1) -> tuple[float, float]:
+        """What a probe of `source` by `wave` requests costs the deployment: (its draft call's steps, which the
+        requests probing together share; what the requests add: their verify rows and their catch-ups, which the
+        draft engine prefills together, at the cost of that many tokens)."""
         k = self._probe_len(source, MAX_POSITIONS)
         costs = self._step_costs(load, k)
         # its verify rows, which lengthen the step every request in it waits for (on this project's CPU a row is a
         # quarter of a step), in each call it verifies: the target's own drafter's probe goes on for PROBE_RUN
         # calls, and there its rows' measured cost includes the head's steps
-        rows = (costs[1][k] if costs is not None else 0.0) * (PROBE_RUN if in_target else 1)
-        cost = rows
+        own, shared = wave * (costs[1][k] if costs is not None else 0.0) * (PROBE_RUN if in_target else 1), 0.0
         if in_target:
-            cost += self.head_catchup_cost(head_missed, load, head_first)
+            own += self.head_catchup_cost(head_missed, load, head_first)
         elif needs_draft_model(source):
             rates = self.draft_rates(1)
             if rates is not None:  # what the probe's draft call costs the deployment: drafting alone, caught up
-                cost += rates[0] * k + self.catchup_cost(max(0, missed - 2), load, rates)
-        return since >= max(interval, cost / PROBE_SHARE) * backoff
+                shared, own = rates[0] * k, own + self.catchup_cost(wave * max(0, missed - 2), load, rates)
+        return shared, own
+
+    def _wave(self, source: str, load: int, missed: int) -> int:
+        """How many requests a probe of the draft model takes while the deployment's acceptance of it is a prior
+        (fewer than 2 * prior_drafts drafts seen) where the draft engine batches their calls: the fewest whose own
+        costs (rows, catch-ups) are WAVE_SHARED times the draft steps they share, at most half the requests in flight
+        and the drafts that make the estimate informed; the probe is due as much later as it costs more. One
+        request's probe pays the draft engine's steps for one or two acceptance samples against a prior worth
+        prior_drafts: a cold deployment of 32 requests at acceptance 0.5, learning from one at a time, drafted
+        nothing in a run where k = 1 gained 10% (on an H100's costs in the simulator). Once the estimate is
+        informed, one request at a time: a large probe comes later, and a change in acceptance (the drop profile)
+        was seen later."""
+        n, si = load_key(load), ESTIMATE_KEYS.index(source)
+        if (n == ALONE or not self.batched() or not needs_draft_model(source)
+                or self.est.reached[si, 0] >= 2 * self.settings.prior_drafts):
+            return 1
+        shared, own = self._probe_cost(source, load, missed)
+        if own <= 0.0 or shared <= 0.0:
+            return 1  # unmeasured: one request's probe measures it
+        # the wave is to outweigh the prior: beyond the drafts that make the estimate informed, it adds cost alone
+        needed = int(np.ceil(2 * self.settings.prior_drafts - self.est.reached[si, 0]))
+        low, high = 1, max(1, min(n // 2, needed))  # own costs grow with the wave: the fewest reaching the bar
+        while low < high:
+            mid = (low + high) // 2
+            if self._probe_cost(source, load, missed, wave=mid)[1] >= WAVE_SHARED * shared:
+                high = mid
+            else:
+                low = mid + 1
+        return low
+
+    def _join_wave(self, source: str) -> bool:
+        """Whether this request takes a place in the probe wave of `source`: the requests that plan after it opened,
+        until the first draft call is answered (they draft together)."""
+        est, si = self.est, ESTIMATE_KEYS.index(source)
+        with est.locked():
+            places = float(est.probe_wave[si])
+            if places < 1:
+                return False
+            est.probe_wave[si] = places - 1
+            return True
 
     def next_draft_len(self, source: str, cap: int, load: int, missed: int = 0, remaining: int | None = None,
                        may_probe: bool = True, plain_run: int = 1) -> int:
@@ -369,12 +417,14 @@ class GoodputController(EngineCosts):
         n = load_key(load)
         return float(self.est.verify_s[k, n]) if self.est.verify_n[k, n] else None
 
-    def _mark_probe(self, source: str) -> None:
-        """A probe of `source` taken: the next is due an interval from now, twice as far while they fail (drafting
-        chosen resets it; prompt lookup's probes cost a verify row, no engine step, and are not spaced out)."""
+    def _mark_probe(self, source: str, wave: int = 1) -> None:
+        """A probe of `source` taken, by `wave` requests (this one and the next wave - 1 to plan): the next is due an
+        interval from now, twice as far while they fail (drafting chosen resets it; prompt lookup's probes cost a
+        verify row, no engine step, and are not spaced out)."""
         si = ESTIMATE_KEYS.index(source)
         with self.est.locked():
             self.est.last_drafted[si] = self.est.clock[0]
+            self.est.probe_wave[si] = wave - 1
             if needs_draft_model(source):
                 self.est.probe_backoff[si] = min(2.0 * max(1.0, float(self.est.probe_backoff[si])), MAX_PROBE_BACKOFF)
 
@@ -408,8 +458,12 @@ class GoodputController(EngineCosts):
             # alone (row_costs): with others in flight a probe of it would learn nothing and lengthen their step
             if not needs_draft_model(source) and load_key(load) != ALONE:
                 continue
-            if may_probe and source != best.source and cap > 0 and self.probe_due(source, load, missed=missed):
-                self._mark_probe(source)
+            if not (may_probe and source != best.source and cap > 0):
+                continue
+            if self._join_wave(source):
+                return Choice(source, self._probe_len(source, cap), probe=True)
+            if self.probe_due(source, load, missed=missed):
+                self._mark_probe(source, self._wave(source, load, missed))
                 return Choice(source, self._probe_len(source, cap), probe=True)
         return best
 
@@ -465,6 +519,7 @@ class GoodputController(EngineCosts):
             self._count(si, proposed, accepted)
             if draft_s is None or not needs_draft_model(source):
                 return
+            est.probe_wave[si] = 0  # a draft call answered: a probe wave is the requests planning before it
             b, m = load_key(draft_batch), float(max(0, missed - 2) if draft_missed is None else draft_missed)
             sample = np.array([proposed * proposed, proposed * m, m * m, proposed * draft_s, m * draft_s])
             mean_update(est.draft_fit, est.draft_fit_n, (b,), sample, st.cost_smoothing)

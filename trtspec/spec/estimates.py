@@ -58,6 +58,8 @@ def _layout() -> dict[str, tuple[int, ...]]:
         "last_chosen": (s,),  # the clock when a request last chose to draft from source s (a probe is not a choice)
         "arrivals": (3,),  # requests as they arrive (decayed sums): prompt tokens, tokens they may generate, count
         "probe_backoff": (s,),  # the probe interval's multiple for source s (0: 1): doubles as its probes fail
+        # a batched deployment's probe of source s is a wave of requests drafting together: places left in it
+        "probe_wave": (s,),
     }
 
 
