@@ -267,19 +267,24 @@ class GoodputController(EngineCosts):
         probe's draft call. The draft call catches the draft model up on the `missed` tokens first (a request that
         has not drafted: its whole sequence), and a probe of the target's own drafter (`in_target`) catches it up on
         `head_missed` positions: each costs that catch-up, bounded the same way, and so do the probe's verify rows."""
+        return self._due_wave(source, load, head_missed, missed, in_target, head_first) > 0
+
+    def _due_wave(self, source: str, load: int, head_missed: int = 0, missed: int = 0, in_target: bool = False,
+                  head_first: bool = False) -> int:
+        """The requests a probe of `source` due now takes (its wave, `_wave`); 0: none is due (probe_due)."""
         si = ESTIMATE_KEYS.index(source)
         est = self.est
         step = self.verify_cost(0, load)
         if step is None:
-            return False  # a plain step first: what a probe's time is measured against
+            return 0  # a plain step first: what a probe's time is measured against
         interval = self.settings.probe_every * step
         backoff = max(1.0, float(est.probe_backoff[si]))
         since = float(est.clock[0] - est.last_drafted[si])
         if since < interval * backoff:
-            return False  # not due on its plain steps alone: the probe's own cost can only make it later
+            return 0  # not due on its plain steps alone: the probe's own cost can only make it later
         wave = 1 if in_target else self._wave(source, load, missed)
         shared, own = self._probe_cost(source, load, missed, head_missed, in_target, head_first, wave)
-        return since >= max(interval, (shared + own) / PROBE_SHARE) * backoff
+        return wave if since >= max(interval, (shared + own) / PROBE_SHARE) * backoff else 0
 
     def _probe_cost(self, source: str, load: int, missed: int = 0, head_missed: int = 0, in_target: bool = False,
                     head_first: bool = False, wave: int = 1) -> tuple[float, float]:
@@ -462,8 +467,9 @@ class GoodputController(EngineCosts):
                 continue
             if self._join_wave(source):
                 return Choice(source, self._probe_len(source, cap), probe=True)
-            if self.probe_due(source, load, missed=missed):
-                self._mark_probe(source, self._wave(source, load, missed))
+            wave = self._due_wave(source, load, missed=missed)
+            if wave:
+                self._mark_probe(source, wave)
                 return Choice(source, self._probe_len(source, cap), probe=True)
         return best
 
