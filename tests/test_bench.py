@@ -395,6 +395,11 @@ spec_decode_num_draft_tokens_per_pos{model="ensemble",position="0"} 10
     assert res["models"]["ensemble"]["spec_decode_num_accepted_tokens"] == {
         "expected": 4, "observed": 4, "ok": True, "primary": True}
     assert res["models"]["ensemble"]["spec_decode_num_accepted_tokens_per_pos"]["observed"] == [3, 1]
+    assert res["medusa_tree_steps"] == []  # no Medusa engine counts its tree steps here
+    from trtspec.bench.report import tree_line
+
+    assert tree_line(res) is None
+    assert tree_line({"medusa_tree_steps": [3, 0, 1]}).endswith("0: 75%, 2: 25% of 4")
 
     # one accepted token too many on the server side: a mismatch, reported as such
     monkeypatch.setattr("trtspec.bench.metrics.scrape", lambda url, timeout=5.0: page(5, 10))
@@ -460,7 +465,7 @@ SUMMARY_FIELDS = {"num_cells", "num_requests", "num_warmup", "num_errors", "best
                   "acceptance", "client_overhead_fraction"}
 BEST_FIXED_FIELDS = {"concurrency", "num_draft_tokens", "label", "output_tokens_per_s", "speedup", "tried"}
 CROSSOVER_FIELDS = {"status", "concurrency", "estimate", "last_paying", "paying", "threshold", "summary"}
-CHECK_FIELDS = {"status", "url", "reason", "models"}
+CHECK_FIELDS = {"status", "url", "reason", "models", "medusa_tree_steps"}
 
 
 def test_documented_fields_are_the_ones_checked():

@@ -135,6 +135,37 @@ def test_tree_size_from_acceptance_and_the_cost_of_rows():
     assert fresh.rates([1]) is not None
 
 
+def test_heads_sharing_the_lm_head_run_together_in_products_of_the_rows_a_step_takes_at_one_rows_cost(engines):
+    # Measured on the demo target (compiled kernels, one thread): its steps cost the same from 1 to 4 rows, and one
+    # LM-head product per head made two heads cost 12.2 ms and three 18.6 where one product of their rows costs 6.6
+    # and 6.9: a quarter of a step at one in flight. The heads' rows go through it in products of as many rows as
+    # a step takes at about one row's cost, and the sizing prices the heads by those products.
+    import torch
+
+    from trtspec.reference_engine.tree_size import TreeSize
+
+    tree = medusa.Tree.from_choices(medusa.DEFAULT_CHOICES)
+    size = TreeSize(tree)
+    assert size.product_rows() == 1  # nothing timed: a product per head's rows
+    for rows in range(1, 9):
+        for _ in range(2):
+            size.costs.record(rows, 0.040 if rows <= 4 else 0.010 * rows)
+    assert size.product_rows() == 4
+    assert [size.products(1, d) for d in (1, 2, 3)] == [1, 1, 1]
+    assert [size.products(2, 3), size.products(4, 3), size.products(8, 2)] == [2, 3, 2]
+    size.record_heads(1, 3, 0.007)
+    assert size.heads_seconds(1, 3) == pytest.approx(0.007) and size.heads_seconds(1, 0) == 0.0
+    assert size.heads_seconds(4, 3) == pytest.approx(3 * 0.007)  # priced at the nearest batch timed, by products
+    # the tokens are each head's own, whatever the products
+    _, with_heads = engines
+    engine = with_heads["demo"]
+    hidden = torch.randn(3, engine.model.config.hidden_size)
+    shared = engine._head
+    alone = engine.medusa.top(hidden, [2, 1, 1], shared, 1)
+    assert engine.medusa.top(hidden, [2, 1, 1], shared, 9) == alone
+    assert engine.medusa.top(hidden, [2, 1, 1], None, 4) == alone
+
+
 def test_a_row_counts_first_step_runs_cold_and_does_not_price_it():
     # The demo target's first step of a shape ran at 45 ms for one row whose later steps took 32, and at 104 ms for
     # three rows against 32 (one torch thread, compiled kernels). A tree size not chosen is not timed again, so one
@@ -300,6 +331,25 @@ def test_tree_verify_is_greedy_identical_and_keeps_only_the_accepted_path(engine
     assert accepted > 0  # the demo heads' proposals are taken
 
 
+def test_a_fresh_engine_has_timed_every_tree_it_can_verify_before_any_request(demo_pair):
+    # Priced along a line through the row counts chosen so far, the demo target's two-node tree read 1.2x a plain
+    # step where it costs 1.0x (its steps cost about the same from 1 to 4 rows), and the engine verified the root
+    # alone for most of a run. It times them all at load instead, warm (a row count's first step is not kept).
+    from trtspec.demo_pair import MEDUSA_ASSET_DIR
+    from trtspec.reference_engine import ReferenceEngine
+
+    choices = [[0], [0, 0], [1], [0, 0, 0], [0, 1]]
+    engine = ReferenceEngine(demo_pair.target, device="cpu", dtype="float32", cache_entries=4,
+                             medusa_heads=MEDUSA_ASSET_DIR, medusa_choices=choices)
+    costs = engine.tree_size.costs
+    assert costs.timed().tolist() == list(range(1, len(choices) + 2))
+    assert [int(costs.est.step_n[r]) for r in costs.timed()] == [3] * (len(choices) + 1)
+    assert engine.tree_size.rates([1]) is not None and engine.medusa_work.sizes == []  # no request ran
+    fixed = ReferenceEngine(demo_pair.target, device="cpu", dtype="float32", cache_entries=4,
+                            medusa_heads=MEDUSA_ASSET_DIR, medusa_choices=choices, medusa_tree_size=2)
+    assert fixed.tree_size.costs.timed().size == 0  # a fixed size needs no prices
+
+
 def test_tree_size_chosen_by_the_engine_stays_exact(engines, demo_pair):
     """Each step verifies the prefix of the tree that pays, from what the engine measures: random heads are never
     accepted and shrink to the root alone (a plain step, but for exploration), and greedy output stays the
@@ -421,3 +471,20 @@ def test_served_greedy_identical_to_target_only_alone_and_concurrent(server, eng
     assert [g.token_ids for g in baseline] == want
     assert calls("tensorrt_llm") == before["tensorrt_llm"]
     assert calls("tensorrt_llm_target_only") > before["tensorrt_llm_target_only"]
+
+
+@pytest.mark.slow
+def test_served_engine_counts_its_steps_by_the_tree_nodes_verified(server):
+    from trtspec.bench.metrics import scrape, tree_steps
+    from trtspec.client import Client
+
+    tree = medusa.Tree.from_choices([[0], [0, 0], [1], [0, 0, 0]])  # the server's medusa_choices
+    url = server.endpoints.metrics
+    before = scrape(url)
+    gen = Client(server.endpoints.http_address, "http", "ensemble").generate(PROMPTS[1], 24)
+    steps = tree_steps(before, scrape(url))
+    assert len(steps) == len(tree) + 1  # every size is on /metrics from the start, at 0
+    # the request's own statistics are the engine's: the heads run to each tree step's depth
+    assert sum(n * tree.prefix_depth(m) for m, n in enumerate(steps)) == gen.stats.total_draft_tokens
+    # after the prefill's token, a step emits 1 + its accepted path (less where the output ends)
+    assert sum(steps) <= len(gen.token_ids) - 1 <= sum(steps) + gen.stats.total_accepted_draft_tokens

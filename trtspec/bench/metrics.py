@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from trtspec.contract import RESPONSE_STATS, STAT, stat_by_name
-from trtspec.spec.metrics import EMITTED_COUNTER, REQUESTS_COUNTER, SpecStats
+from trtspec.spec.metrics import EMITTED_COUNTER, ENGINE_MEDUSA_TREE_COUNTER, REQUESTS_COUNTER, SpecStats
 
 # counter -> the per-request quantity it must equal the sum of (a statistic of trtspec.contract, or these two)
 COUNTERS = {REQUESTS_COUNTER: "requests", EMITTED_COUNTER: "output_tokens"} | {
@@ -90,6 +90,18 @@ def per_position(samples: Mapping[Sample, float], name: str, model: str) -> dict
     return out
 
 
+def tree_steps(before: Mapping[Sample, float], after: Mapping[Sample, float]) -> list[int]:
+    """A Medusa engine's request steps over the run by the nodes of the tree it verified (entry m: m nodes; 0: the
+    root alone), from its counter (trtspec.spec.metrics.EngineGauges); [] where no engine counts them."""
+    steps: dict[int, float] = {}
+    for samples, sign in ((after, 1), (before, -1)):
+        for (n, ls), v in samples.items():
+            if n == ENGINE_MEDUSA_TREE_COUNTER:
+                m = int(dict(ls)["nodes"])
+                steps[m] = steps.get(m, 0.0) + sign * v
+    return [int(round(steps.get(m, 0.0))) for m in range(max(steps) + 1)] if steps else []
+
+
 def expected_counts(requests: Iterable[Any], labels: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """Sum of the final per-response stats of the successful requests, per loop model (`labels`: endpoint -> the
     model that counts its requests, where that is not the endpoint itself)."""
@@ -125,7 +137,8 @@ class CrossCheck:
         """Compare. The loop counts a request just after sending its final response, one counter after the
         other, so the counters are read again (for up to ``settle_s``) until they all match; what is left
         different after that is a mismatch."""
-        result: dict[str, Any] = {"status": "unavailable", "url": self.url, "reason": None, "models": {}}
+        result: dict[str, Any] = {"status": "unavailable", "url": self.url, "reason": None, "models": {},
+                                  "medusa_tree_steps": []}
         if self.before is None:
             result["reason"] = self.error or "not scraped"
             return result
@@ -149,6 +162,7 @@ class CrossCheck:
                 break
             sleep(0.2)
         result["models"] = models
+        result["medusa_tree_steps"] = tree_steps(self.before, after)
         result["status"] = "ok" if ok else "mismatch"
         if not ok:
             result["reason"] = ("the server's counters differ from the bench's own counts "

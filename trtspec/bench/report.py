@@ -533,6 +533,8 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         lines.append(f"[bold]Client overhead[/]  mean {oh['mean']:.3%} of request latency, max {oh['max']:.3%} "
                      f"(n={oh['n']} requests)")
     lines.append(metrics_line(results["metrics_check"]))
+    if (tree := tree_line(results["metrics_check"])) is not None:
+        lines.append(tree)
     if s["num_errors"]:
         errs = sorted({e for c in results["cells"] for e in c["errors"]})
         lines.append(f"[red]{s['num_errors']} request(s) failed[/]: " + "; ".join(errs[:3]))
@@ -542,6 +544,16 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                      + (f": {p['reason']}" if p.get("reason") else "")
                      + (f"; [yellow]{'; '.join(p['errors'])}[/]" if p.get("errors") else ""))
     return lines
+
+
+def tree_line(check: dict[str, Any]) -> str | None:
+    """A Medusa engine's steps over the run by the tree's nodes it verified (it sizes them itself: tree_size.py)."""
+    steps = check.get("medusa_tree_steps") or []
+    total = sum(steps)
+    if not total:
+        return None
+    shares = ", ".join(f"{m}: {n / total:.0%}" for m, n in enumerate(steps) if n)
+    return f"[bold]Medusa tree[/]  the engine's request steps by nodes verified (0: the root alone): {shares} of {total}"
 
 
 def metrics_line(check: dict[str, Any]) -> str:

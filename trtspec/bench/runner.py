@@ -585,5 +585,6 @@ def run_bench(settings: BenchSettings, prompts: Sequence[Prompt], progress: Prog
     if check is not None:
         metrics_check = check.finish(all_records)
     else:
-        metrics_check = {"status": "skipped", "url": None, "reason": "disabled (--metrics-url none)", "models": {}}
+        metrics_check = {"status": "skipped", "url": None, "reason": "disabled (--metrics-url none)", "models": {},
+                         "medusa_tree_steps": []}
     return BenchRun(settings, prompts, list(runs.values()), t0, started_at, duration, metrics_check, sampler)

@@ -143,6 +143,24 @@ class ReferenceEngine:
         # guided decoding as TensorRT-LLM's engine with guided_decoding_backend xgrammar (trtspec.guided)
         self.guides = GuideCache(xgrammar_tokenizer_info, self.vocab_size) if xgrammar_tokenizer_info else None
         self.salt = salt  # decorrelates the random streams of the draft and the target under one seed
+        if self.tree_size is not None and self.tree_size.fixed is None:
+            self.time_tree_steps()
+
+    def time_tree_steps(self, context: int = 64, warm: int = 3) -> None:
+        """Before any request, a Medusa engine times a step of every row count one request's tree can make (the
+        root and 0 to all of the tree's nodes), `warm` times after a cold one, on a `context`-token sequence: the
+        sizing then prices every tree from its own step from the first request on. Priced along a line through
+        the row counts chosen so far instead, the demo target's tree of two nodes read 1.2x a plain step where it
+        costs 1.0x (its steps cost the same from 1 to 4 rows, 1.4x at 6), and the engine verified the root alone
+        for most of a run (docs/benchmarks/medusa.md)."""
+        cache = new_cache(self.model.config)
+        self.forward([Segment(cache, list(range(context)), 0, 1)])
+        # forward() times each step whose every row has logits, but a row count's first (cold); in passes over the
+        # row counts, so that the engine's own first steps and any other load at the time weigh on each alike
+        for _ in range(1 + warm):
+            for rows in range(1, len(self.medusa_tree) + 2):
+                self.forward([Segment(cache, list(range(rows)), context, rows)])
+                cache.crop(context - cache.get_seq_length())
 
     def kv_bytes_per_token(self) -> int:
         """Measured: the KV cache one token leaves behind (any architecture, dtype and head layout)."""
@@ -221,7 +239,8 @@ class ReferenceEngine:
         tops: list[list[list[int]]] = [[] for _ in pending]  # the root alone runs no head: a plain step's cost
         if heads:
             started = time.perf_counter()
-            tops = self.medusa.top(torch.stack([s.proposal.hidden for s in pending]), tree.topk[:heads], self._head)
+            tops = self.medusa.top(torch.stack([s.proposal.hidden for s in pending]), tree.topk[:heads], self._head,
+                                   self.tree_size.product_rows())
             self.tree_size.record_heads(len(pending), heads, time.perf_counter() - started)
         for seg, top in zip(pending, tops):
             seg.proposal.tokens, seg.proposal.size = tree.tokens(top), size

@@ -33,17 +33,29 @@ class MedusaHeads(torch.nn.Module):
 
     @torch.inference_mode()
     def top(self, hidden: torch.Tensor, k: Sequence[int],
-            shared_head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[list[list[int]]]:
-        """Per hidden row of [B, H] (a step's requests together: one product per head for all of them), each
-        head's k[h] best tokens (heads past len(k) are not run). `shared_head`: the engine's own product for the
-        target's LM head (its kernel), where the heads share it."""
-        out: list[list[list[int]]] = [[] for _ in range(hidden.shape[0])]
-        for h, kh in enumerate(k):
+            shared_head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+            product_rows: int = 1) -> list[list[list[int]]]:
+        """Per hidden row of [B, H] (a step's requests together), each head's k[h] best tokens (heads past len(k)
+        are not run). Heads that share the target's LM head run their rows through it together, in products of
+        max(B, `product_rows`) rows (the head's weights are read once a product: TreeSize.product_rows), on
+        `shared_head` where given (the engine's own product for it, its kernel); own LM heads, one product each."""
+        blocks = []
+        for h in range(len(k)):
             x = hidden
             for w, b in zip(self.w[h], self.b[h]):
                 x = x + torch.nn.functional.silu(torch.nn.functional.linear(x, w, b))
-            logits = shared_head(x) if shared_head is not None and self.info.shared_lm_head else torch.mm(self.lm[h], x.t()).t()
-            for row, best in zip(out, torch.topk(logits.float(), kh).indices.tolist()):
+            blocks.append(x)
+        if self.info.shared_lm_head:
+            lm = self.lm[0]
+            head = shared_head if shared_head is not None else (lambda x: torch.mm(lm, x.t()).t())
+            rows = torch.cat(blocks)
+            logits = torch.cat([head(p) for p in rows.split(max(hidden.shape[0], product_rows))])
+            per_head = logits.float().split(hidden.shape[0])
+        else:
+            per_head = [torch.mm(self.lm[h], x.t()).t().float() for h, x in enumerate(blocks)]
+        out: list[list[list[int]]] = [[] for _ in range(hidden.shape[0])]
+        for logits, kh in zip(per_head, k):
+            for row, best in zip(out, torch.topk(logits, kh).indices.tolist()):
                 row.append(best)
         return out
 

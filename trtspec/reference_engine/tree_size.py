@@ -8,13 +8,17 @@ tokens per second for its whole batch.
 * Cost: a forward's seconds by the rows in it, measured by the engine on its own steps whose every row has logits
   (the tree steps), kept and read as the controller keeps and reads a target step by its tokens
   (trtspec.spec.estimates.Estimates.step_s, trtspec.spec.engine_costs.EngineCosts.step_slope); and the heads'
-  seconds per head by the requests they ran for together.
+  seconds per LM-head product by the requests they ran for together. Heads sharing the target's LM head put
+  their rows through it in products of as many rows as a step takes at about one row's cost (product_rows: the
+  demo target's first 4 on this CPU's compiled kernels), so two or three heads for one request cost one head.
 * Exploration: every EXPLORE_EVERY-th step runs one head deeper than the choice and verifies the choice alone: the
   deeper head's nodes are scored all the same (a node's parent row is verified, or the root's), for a head's cost
   (an eighth of a plain step on the demo target), not a larger step's (5+ rows of the demo target cost 1.3-2x
-  4 rows on this CPU's GEMM kernels: docs/benchmarks/medusa.md). A larger step is timed once it is chosen, priced
-  until then along the slope of the row counts timed; while fewer than two are timed near the step, it verifies the
-  prefix whose row count is farthest from those timed (the whole tree first).
+  4 rows on this CPU's GEMM kernels: docs/benchmarks/medusa.md).
+* Prices from the start: the engine times a step of every row count one request's tree can make before its first
+  request (ReferenceEngine.time_tree_steps); a step of more rows (a batch's trees) is priced along the slope of
+  the row counts timed until it runs. Without those timings (a TreeSize of its own), while fewer than two row
+  counts are timed it verifies the prefix whose row count is farthest from those timed (the whole tree first).
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ COST_SMOOTHING = 0.1  # as the controller's cost_smoothing default: a new step's
 # A tree is verified for a gain beyond the cost readings' noise, as the controller drafts (SHARED_MARGIN): a row
 # count timed on a few steps reads 10-30% off on this CPU, and a tree that gains nothing still costs its walk
 TREE_MARGIN = 0.03
+# A step of this many more seconds than a one-row step still reads the weights once: its rows fit the GEMM's row
+# blocking (the demo target on this CPU's compiled kernels: 1-4 rows within 5%, 5 rows 1.3x)
+PRODUCT_TOLERANCE = 0.1
 
 
 @dataclass(frozen=True)
@@ -132,20 +139,35 @@ class TreeSize:
         self.tree, self.fixed = tree, fixed
         self.acceptance = NodeAcceptance(tree)
         self.costs = StepCosts()
-        self.head_s: dict[int, float] = {}  # requests run together -> seconds of one head for them
+        self.head_s: dict[int, float] = {}  # requests run together -> seconds of one LM-head product for them
         self.steps = 0
+
+    def product_rows(self) -> int:
+        """Rows one LM-head product of the heads takes: as many as a step of that many rows costs within
+        PRODUCT_TOLERANCE of a one-row step, timed (1 before two are)."""
+        one = self.costs.seconds(1) if self.costs.est.step_n[1] else None
+        rows = 1
+        while one is not None and rows + 1 <= MAX_STEP_TOKENS and self.costs.est.step_n[rows + 1] \
+                and self.costs.est.step_s[rows + 1] <= (1.0 + PRODUCT_TOLERANCE) * one:
+            rows += 1
+        return rows
+
+    def products(self, batch: int, heads: int) -> int:
+        """LM-head products of `heads` heads run for `batch` requests (MedusaHeads.top)."""
+        return -(-batch * heads // max(batch, self.product_rows()))
 
     def record_heads(self, batch: int, heads: int, seconds: float) -> None:
         if heads:
-            per_head = seconds / heads
+            per_product = seconds / self.products(batch, heads)
             old = self.head_s.get(batch)
-            self.head_s[batch] = per_head if old is None else old + COST_SMOOTHING * (per_head - old)
+            self.head_s[batch] = per_product if old is None else old + COST_SMOOTHING * (per_product - old)
 
-    def heads_seconds(self, batch: int) -> float:
-        """One head's seconds for `batch` requests: as timed at the nearest batch (0 before any)."""
-        if not self.head_s:
+    def heads_seconds(self, batch: int, heads: int) -> float:
+        """`heads` heads' seconds for `batch` requests: products, each as timed at the nearest batch (0 before
+        any is timed)."""
+        if not self.head_s or not heads:
             return 0.0
-        return self.head_s[min(self.head_s, key=lambda b: (abs(b - batch), b))]
+        return self.products(batch, heads) * self.head_s[min(self.head_s, key=lambda b: (abs(b - batch), b))]
 
     def rates(self, own_rows: list[int], other_rows: int = 0, other_tokens: int = 0) -> list[float] | None:
         """Expected tokens per second of the step for each prefix size 0..len(tree): `own_rows` the committed rows
@@ -153,13 +175,13 @@ class TreeSize:
         requests and the tokens they take (one per request with logits); None: the costs cannot say yet."""
         b, base = len(own_rows), other_rows + sum(own_rows)
         gain = np.concatenate([[0.0], np.cumsum(self.acceptance.expected())])
-        heads = self.heads_seconds(b)
         out = []
         for m in range(len(self.tree) + 1):
             step = self.costs.seconds(base + b * m)
             if step is None:
                 return None
-            out.append((other_tokens + b * (1.0 + gain[m])) / max(step + heads * self.tree.prefix_depth(m), 1e-9))
+            heads = self.heads_seconds(b, self.tree.prefix_depth(m))
+            out.append((other_tokens + b * (1.0 + gain[m])) / max(step + heads, 1e-9))
         return out
 
     def choose(self, own_rows: list[int], other_rows: int = 0, other_tokens: int = 0) -> Sizing:

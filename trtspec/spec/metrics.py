@@ -192,6 +192,8 @@ ENGINE_BUSY_COUNTER = "trtspec_engine_busy_ns"
 ENGINE_STEPS_COUNTER = "trtspec_engine_steps"
 # the in-engine EAGLE-3 head's work by kind (trtspec.reference_engine.eagle3.HeadWork): a k = 0 stretch adds none
 ENGINE_EAGLE3_HEAD_COUNTER = "trtspec_engine_eagle3_head_work"
+# a Medusa engine's request steps by the nodes of the tree it verified (trtspec.reference_engine.medusa.TreeWork)
+ENGINE_MEDUSA_TREE_COUNTER = "trtspec_engine_medusa_tree_steps"
 
 
 class EngineGauges:
@@ -204,8 +206,9 @@ class EngineGauges:
 
     MIN_INTERVAL_S = 0.25  # each gauge update is a round trip to the server: not at every step
 
-    def __init__(self, pb_utils: Any, model_name: str, head_work: Sequence[str] = ()):
-        """`head_work`: the kinds of an in-engine EAGLE-3 head's work to count (none: the engine has no head)."""
+    def __init__(self, pb_utils: Any, model_name: str, head_work: Sequence[str] = (), tree_nodes: int | None = None):
+        """`head_work`: the kinds of an in-engine EAGLE-3 head's work to count (none: the engine has no head);
+        `tree_nodes`: a Medusa engine's tree size (its steps are counted by the nodes they verified, 0 to it)."""
         kind = pb_utils.MetricFamily.GAUGE
         self._families = {
             ENGINE_REQUESTS_GAUGE: pb_utils.MetricFamily(
@@ -239,6 +242,14 @@ class EngineGauges:
                 "tokens drafted")
             self._head = {kind: family.Metric(dict(labels, kind=kind)) for kind in head_work}
             self._head_sent = dict.fromkeys(head_work, 0)
+        self._tree: list[Any] = []
+        self._tree_sent: list[int] = []
+        if tree_nodes is not None:
+            self._families[ENGINE_MEDUSA_TREE_COUNTER] = family = pb_utils.MetricFamily(
+                name=ENGINE_MEDUSA_TREE_COUNTER, kind=pb_utils.MetricFamily.COUNTER,
+                description="Medusa request steps by the nodes of the tree verified (0: the root alone, a plain step)")
+            self._tree = [family.Metric(dict(labels, nodes=str(m))) for m in range(tree_nodes + 1)]
+            self._tree_sent = [0] * (tree_nodes + 1)
 
     def busy(self, ns: int) -> None:
         with TRITON_METRICS_LOCK:
@@ -251,6 +262,14 @@ class EngineGauges:
                 if kind in self._head and total > self._head_sent[kind]:
                     self._head[kind].increment(total - self._head_sent[kind])
                     self._head_sent[kind] = total
+
+    def tree_steps(self, sizes: Sequence[int]) -> None:
+        """`sizes`: TreeWork.sizes (request steps by nodes verified), counted since the engine started."""
+        with TRITON_METRICS_LOCK:
+            for m, total in enumerate(sizes[: len(self._tree)]):
+                if total > self._tree_sent[m]:
+                    self._tree[m].increment(total - self._tree_sent[m])
+                    self._tree_sent[m] = total
 
     def update(self, stats: Any) -> None:
         """`stats`: a trtspec.reference_engine.batching.SchedulerStats. Called after every step and once more when the engine has

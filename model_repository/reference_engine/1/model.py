@@ -57,12 +57,16 @@ class TritonPythonModel:
             if params.get("guided_decoding_backend") == "xgrammar" else None,
         )
         head = engine.eagle3.work if engine.eagle3 is not None else None
-        self.gauges = EngineGauges(pb_utils, args["model_name"], head_work=list(head.as_dict()) if head else ())
+        tree = engine.medusa_tree
+        self.gauges = EngineGauges(pb_utils, args["model_name"], head_work=list(head.as_dict()) if head else (),
+                                   tree_nodes=len(tree) if tree is not None else None)
 
         def on_forward(ns):  # before the step's finished requests are answered: their head work is counted
             self.gauges.busy(ns)
             if head is not None:
                 self.gauges.head_work(head.as_dict())
+            if tree is not None:
+                self.gauges.tree_steps(engine.medusa_work.sizes)
 
         self.scheduler = BatchScheduler(
             engine,
