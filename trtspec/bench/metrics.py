@@ -81,25 +81,31 @@ def value(samples: Mapping[Sample, float], name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
 
 
-def per_position(samples: Mapping[Sample, float], name: str, model: str) -> dict[int, float]:
+def by_label(samples: Mapping[Sample, float], name: str, label: str, **labels: str) -> dict[int, float]:
+    """Sums of the samples of ``name`` whose labels include ``labels``, by the integer value of ``label``."""
+    want = set(labels.items())
     out: dict[int, float] = {}
     for (n, ls), v in samples.items():
         d = dict(ls)
-        if n == name and d.get("model") == model and "position" in d:
-            out[int(d["position"])] = out.get(int(d["position"]), 0.0) + v
+        if n == name and label in d and want <= set(ls):
+            out[int(d[label])] = out.get(int(d[label]), 0.0) + v
     return out
+
+
+def per_position(samples: Mapping[Sample, float], name: str, model: str) -> dict[int, float]:
+    return by_label(samples, name, "position", model=model)
 
 
 def tree_steps(before: Mapping[Sample, float], after: Mapping[Sample, float]) -> list[int]:
     """A Medusa engine's request steps over the run by the nodes of the tree it verified (entry m: m nodes; 0: the
     root alone), from its counter (trtspec.spec.metrics.EngineGauges); [] where no engine counts them."""
-    steps: dict[int, float] = {}
-    for samples, sign in ((after, 1), (before, -1)):
-        for (n, ls), v in samples.items():
-            if n == ENGINE_MEDUSA_TREE_COUNTER:
-                m = int(dict(ls)["nodes"])
-                steps[m] = steps.get(m, 0.0) + sign * v
-    return [int(round(steps.get(m, 0.0))) for m in range(max(steps) + 1)] if steps else []
+    a, b = (by_label(x, ENGINE_MEDUSA_TREE_COUNTER, "nodes") for x in (after, before))
+    return [int(round(a.get(m, 0.0) - b.get(m, 0.0))) for m in range(max(a) + 1)] if a else []
+
+
+def check_result(status: str, url: str | None, reason: str | None = None) -> dict[str, Any]:
+    """`metrics_check` of results.json before anything is compared (docs/bench-results.md)."""
+    return {"status": status, "url": url, "reason": reason, "models": {}, "medusa_tree_steps": []}
 
 
 def expected_counts(requests: Iterable[Any], labels: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
@@ -137,8 +143,7 @@ class CrossCheck:
         """Compare. The loop counts a request just after sending its final response, one counter after the
         other, so the counters are read again (for up to ``settle_s``) until they all match; what is left
         different after that is a mismatch."""
-        result: dict[str, Any] = {"status": "unavailable", "url": self.url, "reason": None, "models": {},
-                                  "medusa_tree_steps": []}
+        result = check_result("unavailable", self.url)
         if self.before is None:
             result["reason"] = self.error or "not scraped"
             return result

@@ -29,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
-from trtspec.bench.metrics import CrossCheck, default_metrics_url
+from trtspec.bench.metrics import CrossCheck, check_result, default_metrics_url
 from trtspec.bench.prompts import Prompt
 from trtspec.client import Chunk, Client, ClientError
 from trtspec.contract import NUM_DRAFT_TOKENS
@@ -585,6 +585,5 @@ def run_bench(settings: BenchSettings, prompts: Sequence[Prompt], progress: Prog
     if check is not None:
         metrics_check = check.finish(all_records)
     else:
-        metrics_check = {"status": "skipped", "url": None, "reason": "disabled (--metrics-url none)", "models": {},
-                         "medusa_tree_steps": []}
+        metrics_check = check_result("skipped", None, "disabled (--metrics-url none)")
     return BenchRun(settings, prompts, list(runs.values()), t0, started_at, duration, metrics_check, sampler)

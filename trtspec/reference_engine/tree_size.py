@@ -144,11 +144,16 @@ class TreeSize:
 
     def product_rows(self) -> int:
         """Rows one LM-head product of the heads takes: as many as a step of that many rows costs within
-        PRODUCT_TOLERANCE of a one-row step, timed (1 before two are)."""
-        one = self.costs.seconds(1) if self.costs.est.step_n[1] else None
-        rows = 1
-        while one is not None and rows + 1 <= MAX_STEP_TOKENS and self.costs.est.step_n[rows + 1] \
-                and self.costs.est.step_s[rows + 1] <= (1.0 + PRODUCT_TOLERANCE) * one:
+        PRODUCT_TOLERANCE of a one-row step, timed (1 before two are); read once per change of the costs (a step
+        prices every prefix's heads by it)."""
+        return self.costs.est.memo(("product_rows",), self._product_rows)
+
+    def _product_rows(self) -> int:
+        est, rows = self.costs.est, 1
+        if not est.step_n[1]:
+            return rows
+        bound = (1.0 + PRODUCT_TOLERANCE) * float(est.step_s[1])
+        while rows < MAX_STEP_TOKENS and est.step_n[rows + 1] and est.step_s[rows + 1] <= bound:
             rows += 1
         return rows
 

@@ -233,6 +233,7 @@ class EngineGauges:
         self._tokens = self._families[ENGINE_STEP_TOKENS_GAUGE].Metric(labels)
         self._kv = self._families[ENGINE_KV_BYTES_GAUGE].Metric(labels)
         self._sent_at = 0.0
+        # counters of work the engine counts since it started, by label value: what was sent, to send increments
         self._head: dict[str, Any] = {}
         self._head_sent: dict[str, int] = {}
         if head_work:
@@ -242,14 +243,14 @@ class EngineGauges:
                 "tokens drafted")
             self._head = {kind: family.Metric(dict(labels, kind=kind)) for kind in head_work}
             self._head_sent = dict.fromkeys(head_work, 0)
-        self._tree: list[Any] = []
-        self._tree_sent: list[int] = []
+        self._tree: dict[str, Any] = {}
+        self._tree_sent: dict[str, int] = {}
         if tree_nodes is not None:
             self._families[ENGINE_MEDUSA_TREE_COUNTER] = family = pb_utils.MetricFamily(
                 name=ENGINE_MEDUSA_TREE_COUNTER, kind=pb_utils.MetricFamily.COUNTER,
                 description="Medusa request steps by the nodes of the tree verified (0: the root alone, a plain step)")
-            self._tree = [family.Metric(dict(labels, nodes=str(m))) for m in range(tree_nodes + 1)]
-            self._tree_sent = [0] * (tree_nodes + 1)
+            self._tree = {str(m): family.Metric(dict(labels, nodes=str(m))) for m in range(tree_nodes + 1)}
+            self._tree_sent = dict.fromkeys(self._tree, 0)
 
     def busy(self, ns: int) -> None:
         with TRITON_METRICS_LOCK:
@@ -257,19 +258,11 @@ class EngineGauges:
 
     def head_work(self, totals: dict[str, int]) -> None:
         """`totals`: HeadWork.as_dict(), counted since the engine started; sent as increments."""
-        with TRITON_METRICS_LOCK:
-            for kind, total in totals.items():
-                if kind in self._head and total > self._head_sent[kind]:
-                    self._head[kind].increment(total - self._head_sent[kind])
-                    self._head_sent[kind] = total
+        _send_totals(self._head, self._head_sent, totals)
 
     def tree_steps(self, sizes: Sequence[int]) -> None:
         """`sizes`: TreeWork.sizes (request steps by nodes verified), counted since the engine started."""
-        with TRITON_METRICS_LOCK:
-            for m, total in enumerate(sizes[: len(self._tree)]):
-                if total > self._tree_sent[m]:
-                    self._tree[m].increment(total - self._tree_sent[m])
-                    self._tree_sent[m] = total
+        _send_totals(self._tree, self._tree_sent, {str(m): n for m, n in enumerate(sizes)})
 
     def update(self, stats: Any) -> None:
         """`stats`: a trtspec.reference_engine.batching.SchedulerStats. Called after every step and once more when the engine has
@@ -286,6 +279,15 @@ class EngineGauges:
             self._kv.set(stats.kv_bytes)
             self._steps.increment(stats.steps - self._steps_sent)
         self._steps_sent = stats.steps
+
+
+def _send_totals(metrics: dict[str, Any], sent: dict[str, int], totals: Mapping[str, int]) -> None:
+    """Counters by label value, from `totals` counted since the start: each sent the increment since the last."""
+    with TRITON_METRICS_LOCK:
+        for key, total in totals.items():
+            if key in metrics and total > sent[key]:
+                metrics[key].increment(total - sent[key])
+                sent[key] = total
 
 
 CONTROLLER_ACCEPTANCE_GAUGE = "trtspec_controller_acceptance"
