@@ -7,15 +7,18 @@ requests' target steps.
 Here each engine is a server on its own clock: a request submitted while a step runs joins the next one, a draft
 call of k tokens is k draft steps (the first also prefilling what the draft model has not seen), a verify call one
 target step of 1 + k tokens, a plain run of n tokens n steps. Every engine call also costs `call_s` of the loop's
-own (a Triton round trip and its Python) before it reaches the engine. After a target step the engine waits, up
-to `call_s`, for the requests it answered that come straight back with a plain call, as
-trtspec.reference_engine.batching does (it does not wait for ones that draft first).
+own (a Triton round trip and its Python) before it reaches the engine. After a step an engine waits for as many
+calls as it answered, by the reference engine's rule (trtspec.regather: where the answered requests typically come
+back within a quarter of a step, their return delays measured as the engine measures them). A drafting request
+comes back to the target after its draft call: where that is short beside a target step, the target waits for it
+too.
 
 Each request's planner is told the wall time of its own calls, as the loop measures them.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 import itertools
@@ -27,8 +30,13 @@ import numpy as np
 from trtspec.bench.costs import Costs
 from trtspec.bench.workload import Acceptance, CellResult, Policy, Schedule, SyntheticRequest
 from trtspec.config import AdaptivePolicy, SpeculativeConfig
+from trtspec.regather import WINDOW, regather_wait
 from trtspec.spec.estimates import Estimates
 from trtspec.spec.planner import Planner, RequestPolicy
+
+# the loop's own time per engine call (its Triton round trip and Python), as fitted to this project's CPU deployment
+# (docs/benchmarks/controller.md, calibration: 0.5-1 ms fit its cells at 1 in flight, 2 ms reads one 11% off)
+CALL_S = 0.001
 
 
 @dataclass
@@ -61,21 +69,62 @@ class _Engine:
         self.running: list[_Work] = []
         self.busy = False
         self.hold_until = 0.0  # gathering the requests it answered before the next step
-        self.expected: set[int] = set()  # requests answered by the last step, not yet back
+        self.hold_pending = False  # answered ones to wait for, with nothing to step: decided at the first arrival
+        self.returning = 0  # calls answered since the last step started that have not been made up by arrivals
+        self.answered: dict[int, float] = {}  # requests answered, by when, until they come back
+        self.delays: collections.deque[float] = collections.deque(maxlen=WINDOW)
+        self.last_step_s = 0.0
+
+    def arrived(self, work: _Work, now: float) -> float | None:
+        """A call reaches the engine: any arrival makes up for one answered (as BatchScheduler.submit counts), and a
+        request's return measures how soon answered requests come back. Returns the end of a wait that starts now
+        (the engine had nothing to step when its last step ended), else None."""
+        self.waiting.append(work)
+        self.returning = max(0, self.returning - 1)
+        answered_at = self.answered.pop(id(work.request), None)
+        if answered_at is not None:
+            self.delays.append(now - answered_at)
+        if not self.hold_pending:
+            return None
+        self.hold_pending = False
+        wait = regather_wait(self.delays, self.last_step_s) if self.returning else None
+        if wait is None:
+            return None
+        self.hold_until = now + wait
+        return self.hold_until
+
+    def hold(self, now: float, answered: list[_Work]) -> float | None:
+        """After a step that answered `answered`: until when the next step waits for them to come back, or None
+        (no wait, or one decided at the first arrival). BatchScheduler._regather's rule, which it applies once the
+        engine has a request to step."""
+        for w in answered:
+            self.answered[id(w.request)] = now
+        self.returning += len(answered)
+        if not self.running and not self.waiting:
+            self.hold_pending = True
+            return None
+        wait = regather_wait(self.delays, self.last_step_s) if self.returning else None
+        if wait is None:
+            self.returning = 0
+            return None
+        self.hold_until = now + wait
+        return self.hold_until
 
     def start(self, now: float, waited: bool = False) -> tuple[float, int, int] | None:
         """Starts a step if there is work and nothing to wait for (`waited`: the wait is over): (its end, rows,
         tokens)."""
-        if self.busy or not waited and now <= self.hold_until and self.expected:
+        gathering = self.returning and len(self.running) + len(self.waiting) < self.max_batch
+        if self.busy or not waited and now < self.hold_until and gathering:
             return None
         room = self.max_batch - len(self.running)
         self.running += self.waiting[:room]
         self.waiting = self.waiting[room:]
         if not self.running:
             return None
-        self.busy, self.expected = True, set()
+        self.busy, self.returning, self.hold_pending = True, 0, False
         rows, tokens = len(self.running), sum(w.tokens for w in self.running)
-        return now + self.step(rows, tokens), rows, tokens
+        self.last_step_s = self.step(rows, tokens)
+        return now + self.last_step_s, rows, tokens
 
 
 def simulate_overlapped(
@@ -89,7 +138,7 @@ def simulate_overlapped(
     max_tokens: int = 128,
     stream: bool = False,
     seed: int = 0,
-    call_s: float = 0.004,
+    call_s: float = CALL_S,
     max_batch: int = 8,
     concurrency_label: str = "",
 ) -> CellResult:
@@ -135,8 +184,9 @@ class _OverlappedRun:
             self.now, _, kind, payload = heapq.heappop(self.events)
             if kind == "send":
                 engine, work = payload
-                engine.waiting.append(work)
-                engine.expected.discard(id(work.request))
+                hold = engine.arrived(work, self.now)
+                if hold is not None:
+                    self.at(hold, "hold", engine)
                 self.kick(engine)
             elif kind == "hold":
                 self.kick(payload, waited=True)
@@ -179,7 +229,6 @@ class _OverlappedRun:
                       else list(plan.tokens or []))
         live.started, live.draft_s, live.draft_batch = self.now, None, 1
         if plan.calls_draft_model and live.draft:
-            self.target.expected.discard(id(live))
             work = _Work(live, len(live.draft), 1 + max(plan.missed - 2, 0))
             self.at(self.now + self.call_s, "send", (self.drafter, work))
         else:
@@ -202,9 +251,7 @@ class _OverlappedRun:
             if w.steps == 0:
                 done.append(w)
         engine.running = [w for w in engine.running if w.steps]
-        if engine is self.target and done:
-            engine.expected = {id(w.request) for w in done}
-            engine.hold_until = self.now + self.call_s
+        hold = engine.hold(self.now, done) if done else None
         for w in done:
             live = w.request
             if engine is self.drafter:
@@ -212,8 +259,8 @@ class _OverlappedRun:
                 self.send_target(live)
             else:
                 self.answered(live)
-        if engine is self.target and done:  # after the answered ones' calls, which arrive at the same moment
-            self.at(engine.hold_until, "hold", engine)
+        if hold is not None:  # after the answered ones' calls, which arrive at the same moment
+            self.at(hold, "hold", engine)
         self.kick(engine)
 
     def answered(self, live: _Live) -> None:
@@ -230,7 +277,7 @@ class _OverlappedRun:
         live.first = False
         if len(r.seq) - r.prompt >= r.max_tokens:
             self.result.seconds = self.now  # the last request's end (a wait for returns after it is no one's time)
-            self.target.expected.discard(id(live))
+            self.target.answered.pop(id(live), None)
             self.active.remove(live)
             self.finished += 1
             self.admit()

@@ -33,8 +33,10 @@ Engines (--engines):
   overlapped         the draft and target engines on their own clocks at once, each stepping its own
                      in-flight batch, and each engine call costing --call-ms of the loop's own (a Triton
                      round trip): the reference engine on a CPU, its engines on separate cores, plain
-                     calls runs the engine streams. With the costs of `trtspec bench-engine` on that CPU and
-                     --acceptance from a `trtspec bench` run, it predicts that run's ratios
+                     calls runs the engine streams, each engine waiting for the calls it answered as the
+                     reference engine does. With the costs of `trtspec bench-engine` on that CPU and
+                     --acceptance from a `trtspec bench` run, it predicts that run's ratios (within 10% in
+                     every cell of docs/benchmarks/data/calibration-cpu)
 
 \b
 Examples:
@@ -65,7 +67,7 @@ Examples:
                    "`trtspec bench`'s acceptance per position, each divided by the one before).")
 @click.option("--engines", type=click.Choice(["lockstep", "overlapped"]), default="lockstep", show_default=True,
               help="How the draft and target engines share time (see above).")
-@click.option("--call-ms", type=click.FloatRange(0.0), default=4.0, show_default=True,
+@click.option("--call-ms", type=click.FloatRange(0.0), default=None, show_default="fitted to this project's CPU",
               help="overlapped: the loop's own time per engine call (a Triton round trip and its Python).")
 @click.option("--fixed-k", default="1,2,3,4,5,6,7,8", show_default=True, help="Fixed draft lengths run beside it.")
 @click.option("--max-draft", type=click.IntRange(1, 64), default=4, show_default=True,
@@ -87,7 +89,7 @@ Examples:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a plot (PNG) of the controller's ratios here.")
 def command(costs: str, draft_costs: Path | None, target: str, draft: str, method: str, concurrency: str,
-            profiles: str, acceptance: str | None, engines: str, call_ms: float, fixed_k: str, max_draft: int, requests: int, max_tokens: int, prompt: int, seed: int,
+            profiles: str, acceptance: str | None, engines: str, call_ms: float | None, fixed_k: str, max_draft: int, requests: int, max_tokens: int, prompt: int, seed: int,
             seeds: int, warmup: int, json_path: Path | None, plot_path: Path | None) -> None:
     from trtspec.bench.costs import GPU_PEAKS, EngineCurve, GpuCosts, GridCosts, MeasuredCosts, Shape
     from trtspec.bench.simulate import run_matrix
@@ -140,6 +142,10 @@ def command(costs: str, draft_costs: Path | None, target: str, draft: str, metho
     for line in model.assumptions():
         click.echo(f"  {line}")
     ks = [int(k) for k in fixed_k.split(",") if k.strip()]
+    if call_ms is None:
+        from trtspec.bench.overlapped import CALL_S
+
+        call_ms = CALL_S * 1e3
     overlapped = dict(call_s=call_ms / 1e3) if engines == "overlapped" else None
     if warmup and overlapped is not None:
         raise click.UsageError("--warmup runs in lock step; leave it out with --engines overlapped")

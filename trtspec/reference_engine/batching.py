@@ -20,7 +20,6 @@ clients go to the target before they return, which is too long to wait for.
 from __future__ import annotations
 
 import collections
-import statistics
 import sys
 import threading
 import time
@@ -33,9 +32,9 @@ import torch
 from trtspec.contract.errors import Overloaded
 from trtspec.reference_engine.ragged import Segment
 from trtspec.reference_engine import EngineRequest, EngineResult, ReferenceEngine, Steps, cache_nbytes
+from trtspec.regather import REGATHER_SHARE, WINDOW, regather_wait, typical_delay
 
 
-REGATHER_UNMEASURED_S = 0.005  # assumed until returns are measured: a loop's Triton round trip and its code
 # Observers (Triton metrics) cost a round trip to the server per value sent, as much as a request's own: the forward
 # time is sent once per step that answers (or after this long without one), and a drained engine's stats once it has
 # stayed drained a little longer than that (so a rate limit of REPORT_EVERY_S lets it through), not after every
@@ -51,7 +50,7 @@ class Returns:
     TAIL = 8  # tokens of the answered input_ids that identify it, with its length
     KEEP = 256  # answered requests remembered
 
-    def __init__(self, window: int = 32):
+    def __init__(self, window: int = WINDOW):
         self._answered: collections.OrderedDict[tuple, float] = collections.OrderedDict()
         self.delays: collections.deque[float] = collections.deque(maxlen=window)
 
@@ -73,7 +72,7 @@ class Returns:
                     return
 
     def typical_delay(self) -> float:
-        return statistics.median(self.delays) if self.delays else REGATHER_UNMEASURED_S
+        return typical_delay(self.delays)
 
 
 class QueueFull(Overloaded):
@@ -109,7 +108,7 @@ class BatchScheduler:
         max_queue_size: int = 0,
         on_step: Callable[[SchedulerStats], None] | None = None,
         on_forward: Callable[[int], None] | None = None,
-        regather: float = 0.25,
+        regather: float = REGATHER_SHARE,
     ):
         if max_batch_size < 1 or max_num_tokens < 1:
             raise ValueError(f"max_batch_size ({max_batch_size}) and max_num_tokens ({max_num_tokens}) must be >= 1")
@@ -202,10 +201,10 @@ class BatchScheduler:
     def _regather(self) -> None:
         """Under the lock: wait for the requests answered after the last step to come back, when they
         typically do so within `regather` of a step; at most twice their typical delay."""
-        delay = self.returns.typical_delay()
-        if self._returning and delay <= self.regather * self._last_step_s:
+        wait = regather_wait(self.returns.delays, self._last_step_s, self.regather) if self._returning else None
+        if wait is not None:
             start = time.monotonic()
-            deadline = start + min(self.regather * self._last_step_s, 2 * delay + 0.001)
+            deadline = start + wait
             while self._returning and len(self._active) < self.max_batch_size and not self._stopping:
                 left = deadline - time.monotonic()
                 if left <= 0:
