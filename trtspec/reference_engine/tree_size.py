@@ -7,7 +7,7 @@ tokens per second for its whole batch.
   row says what the target chose there), so a head's nodes learn from every step that runs it.
 * Cost: a forward's seconds by the rows in it, measured by the engine on its own steps whose every row has logits
   (the tree steps), kept and read as the controller keeps and reads a target step by its tokens
-  (trtspec.spec.estimates.Estimates.step_s, trtspec.spec.engine_costs.EngineCosts.step_slope); and the heads'
+  (trtspec.spec.estimates.Estimates.step_s, trtspec.spec.engine_costs.step_slope); and the heads'
   seconds per LM-head product by the requests they ran for together. Heads sharing the target's LM head put
   their rows through it in products of as many rows as a step takes at about one row's cost (product_rows: the
   demo target's first 4 on this CPU's compiled kernels), so two or three heads for one request cost one head.
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from trtspec.medusa import Tree
-from trtspec.spec.engine_costs import EngineCosts
-from trtspec.spec.estimates import MAX_STEP_TOKENS, Estimates, mean_update, nonzero
+from trtspec.spec.engine_costs import step_slope
+from trtspec.spec.estimates import MAX_STEP_TOKENS, Estimates, mean_update
 
 EXPLORE_EVERY = 16  # steps: 1 in 16 runs one head deeper than chosen (its nodes scored, not verified)
 ACCEPTANCE_WINDOW = 256  # a node's acceptance is a mean over about its last this-many scores
@@ -103,32 +103,36 @@ class StepCosts:
 
     def __init__(self) -> None:
         self.est = Estimates()
-        self.read = EngineCosts(self.est, None)
         self.warm: set[int] = set()  # row counts whose first (cold) step has run
+        # the row counts timed, ascending: kept here, as a step prices every prefix of its tree from them (read off
+        # the 8,193 counts of est.step_n at each, they took most of the engine's 0.3 ms a step of sizing)
+        self._timed = np.zeros(0, dtype=np.int64)
 
     def record(self, rows: int, seconds: float) -> None:
         if rows not in self.warm:
             self.warm.add(rows)
             return
         if 0 < rows <= MAX_STEP_TOKENS:
+            if not self.est.step_n[rows]:
+                self._timed = np.sort(np.append(self._timed, rows))
             mean_update(self.est.step_s, self.est.step_n, (rows,), seconds, COST_SMOOTHING)
             self.est.costs_version[0] += 1
 
     def timed(self) -> np.ndarray:
-        return nonzero(self.est.step_n)
+        return self._timed
 
     def seconds(self, rows: int) -> float | None:
         """A step of `rows`: as timed, else from the nearest timed row count along the slope of the steps timed
         around the two (or of all those timed where too few are near); None: fewer than two timed."""
-        timed = self.timed()
+        timed = self._timed
         if timed.size == 0:
             return None
         near = int(timed[np.argmin(np.abs(timed - rows))])
         if near == rows:
             return float(self.est.step_s[rows])
-        slope = self.read.step_slope(min(near, rows), max(near, rows))
+        slope = step_slope(timed, self.est.step_s, min(near, rows), max(near, rows))
         if slope is None and timed.size >= 2:
-            slope = self.read.step_slope(int(timed[0]), int(timed[-1]))
+            slope = step_slope(timed, self.est.step_s, int(timed[0]), int(timed[-1]))
         return None if slope is None else float(self.est.step_s[near]) + slope * (rows - near)
 
 

@@ -38,6 +38,23 @@ def _slope(points: np.ndarray, values: np.ndarray) -> float:
     return max(float(x @ values) / float(x @ x), 0.0)
 
 
+def step_slope(measured: np.ndarray, step_s: np.ndarray, low: int, high: int) -> float | None:
+    """Seconds per token of steps between `low` and `high` tokens: the least-squares slope of the steps measured
+    (`measured`: their token counts, ascending; `step_s`: seconds by tokens) from half of `low` to twice `high`
+    tokens. Where none of them reaches halfway to `high`, the nearest step measured beyond joins them: a step's cost
+    grows with its tokens no faster than where it is compute-bound, so that slope bounds the one in between. None:
+    fewer than two steps measured."""
+    tokens = measured[measured >= max(1, low // 2)]
+    near = tokens[tokens <= 2 * high]
+    if near.size and near[-1] < (low + high) / 2:
+        if tokens.size == near.size:
+            return None  # nothing measured that far: a flat stretch would price a compute-bound one as free
+        near = tokens[: near.size + 1]
+    if near.size < 2:
+        return None
+    return _slope(near, step_s[near])
+
+
 def needs_draft_model(key: str) -> bool:
     """An estimate key's source drafts with an engine call (its cost is measured; prompt lookup's is none)."""
     return SOURCES[source_of(key)].needs_draft_model
@@ -328,19 +345,7 @@ class EngineCosts:
         return self.est.memo(('step_slope', low, high), lambda: self._step_slope(low, high))
 
     def _step_slope(self, low: int, high: int) -> float | None:
-        """Seconds per token of the target's steps between `low` and `high` tokens: the least-squares slope of the
-        steps measured from half of `low` to twice `high` tokens. Where none of them reaches halfway to `high`, the
-        nearest step measured beyond joins them: a step's cost grows with its tokens no faster than where it is
-        compute-bound, so that slope bounds the one in between. None: fewer than two steps measured."""
-        tokens = nonzero(self.est.step_n, max(1, low // 2))
-        near = tokens[tokens <= 2 * high]
-        if near.size and near[-1] < (low + high) / 2:
-            if tokens.size == near.size:
-                return None  # nothing measured that far: a flat stretch would price a compute-bound one as free
-            near = tokens[: near.size + 1]
-        if near.size < 2:
-            return None
-        return _slope(near, self.est.step_s[near])
+        return step_slope(nonzero(self.est.step_n, max(1, low // 2)), self.est.step_s, low, high)
 
     def marginal_draft_costs(self, kmax: int, load: int, rates: tuple[float, float]) -> list[float]:
         """What one more request drafting k = 0..kmax adds to a batched draft-model call of `load` requests: the
