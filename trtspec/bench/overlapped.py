@@ -277,7 +277,8 @@ class _OverlappedRun:
         live.first = False
         if len(r.seq) - r.prompt >= r.max_tokens:
             self.result.seconds = self.now  # the last request's end (a wait for returns after it is no one's time)
-            self.target.answered.pop(id(live), None)
+            for engine in (self.target, self.drafter):  # it never comes back, and its id may be a new request's
+                engine.answered.pop(id(live), None)
             self.active.remove(live)
             self.finished += 1
             self.admit()
