@@ -87,11 +87,7 @@ class _Engine:
         if not self.hold_pending:
             return None
         self.hold_pending = False
-        wait = regather_wait(self.delays, self.last_step_s) if self.returning else None
-        if wait is None:
-            return None
-        self.hold_until = now + wait
-        return self.hold_until
+        return self._regather(now)
 
     def hold(self, now: float, answered: list[_Work]) -> float | None:
         """After a step that answered `answered`: until when the next step waits for them to come back, or None
@@ -103,6 +99,10 @@ class _Engine:
         if not self.running and not self.waiting:
             self.hold_pending = True
             return None
+        return self._regather(now)
+
+    def _regather(self, now: float) -> float | None:
+        """The wait decided now, with a request to step: its end, or None (nothing is waited for)."""
         wait = regather_wait(self.delays, self.last_step_s) if self.returning else None
         if wait is None:
             self.returning = 0
