@@ -519,7 +519,9 @@ def test_sweep_results_json(sweep):
         assert set(c) == CELL_FIELDS, key
         for name in CELL_STATS:
             _check_stats(c[name], (key, name))
-        assert c["num_requests"] == c["num_ok"] == 2 and c["num_errors"] == 0 and c["num_warmup"] == 1
+        # a warm-up each, and the two prompts once more through each endpoint (the baseline, the k it drafts most)
+        primed = 2 if key[1:] in ((0, "baseline"), (2, "ensemble")) else 0
+        assert c["num_requests"] == c["num_ok"] == 2 and c["num_errors"] == 0 and c["num_warmup"] == 1 + primed
         # --rounds 2: two rounds of one request at c=1; at c=2 a round of one would leave a client idle, so one
         assert c["rounds"] == (2 if key[0] == 1 else 1), key
         assert c["ttft_s"]["n"] == c["e2e_s"]["n"] == 2
@@ -573,7 +575,13 @@ def test_sweep_results_json(sweep):
     assert [b["concurrency"] for b in res["summary"]["best_fixed"]] == [1, 2]
 
     reqs = res["requests"]
-    assert len(reqs) == 8 * 3 and sum(r["warmup"] for r in reqs) == 8
+    assert len(reqs) == 8 * 3 + 2 * 2 * 2 and sum(r["warmup"] for r in reqs) == 8 + 2 * 2 * 2
+    for conc in (1, 2):  # no cell meets a prompt first: each went through both endpoints before any was measured
+        measured = min(r["start_s"] for r in reqs if r["concurrency"] == conc and not r["warmup"])
+        for endpoint in ("baseline", "ensemble"):
+            sent = {r["prompt_id"] for r in reqs if r["concurrency"] == conc and r["endpoint"] == endpoint
+                    and r["warmup"] and r["start_s"] < measured}
+            assert sent == {p["prompt_id"] for p in reqs if not p["warmup"]}, (conc, endpoint)
     for r in reqs:
         assert set(r) == REQUEST_FIELDS
         assert r["error"] is None
@@ -590,7 +598,7 @@ def test_sweep_results_json(sweep):
 
     summary = res["summary"]
     assert set(summary) == SUMMARY_FIELDS
-    assert summary["num_requests"] == 16 and summary["num_warmup"] == 8 and summary["num_errors"] == 0
+    assert summary["num_requests"] == 16 and summary["num_warmup"] == 16 and summary["num_errors"] == 0
     for b in summary["best"]:  # the faster speculative cell (k=1 or k=2) at each concurrency
         spec = [cells[(b["concurrency"], k, "ensemble")] for k in (1, 2)]
         top = max(spec, key=lambda c: c["speedup"]["output_tokens_per_s"])
@@ -605,8 +613,8 @@ def test_sweep_results_json(sweep):
     check = res["metrics_check"]
     assert set(check) == CHECK_FIELDS
     assert check["status"] == "ok", check
-    assert check["models"]["ensemble"]["spec_decode_num_requests"]["observed"] == 6 * 3
-    assert check["models"]["baseline"]["spec_decode_num_requests"]["observed"] == 2 * 3
+    assert check["models"]["ensemble"]["spec_decode_num_requests"]["observed"] == 6 * 3 + 2 * 2
+    assert check["models"]["baseline"]["spec_decode_num_requests"]["observed"] == 2 * 3 + 2 * 2
 
     # the other files, and the terminal
     assert set(res["files"]) >= {"json", "csv", "requests_csv", "plot_speedup", "plot_throughput", "plot_acceptance", "plot_latency"}
@@ -616,7 +624,7 @@ def test_sweep_results_json(sweep):
         rows = list(csv.DictReader(f))
     assert len(rows) == 8 and {"label", "speedup.output_tokens_per_s", "acceptance.rate", "ttft_s.p50"} <= set(rows[0])
     with open(out / "requests.csv") as f:
-        assert len(list(csv.DictReader(f))) == 24
+        assert len(list(csv.DictReader(f))) == 32
     for text in ("speedup", "Crossover", "Best fixed k", "vs best", "Prometheus cross-check", "OK", "Results"):
         assert text in output
 
@@ -626,7 +634,8 @@ def test_k0_on_ensemble_serves_like_the_baseline(sweep):
     """num_draft_tokens=0 on the speculative endpoint is the baseline's computation: no draft token, the same target
     calls (plain runs that the engine streams), a token a response, and (greedy) the same tokens for the prompt."""
     _, res, _ = sweep
-    reqs = [r for r in res["requests"] if r["num_draft_tokens"] == 0]
+    primes = res["settings"]["warmup_per_cell"]  # warm-ups numbered from here sent every prompt once first
+    reqs = [r for r in res["requests"] if r["num_draft_tokens"] == 0 and not (r["warmup"] and r["index"] >= primes)]
     by_prompt = {}
     for r in reqs:
         by_prompt.setdefault((r["concurrency"], r["prompt_id"], r["warmup"]), {})[r["endpoint"]] = r

@@ -85,6 +85,40 @@ def test_shared_prefix_is_views_not_a_copy_and_the_owner_stays_intact():
     assert own is owner and m == 12
 
 
+def test_a_sequence_takes_its_own_entry_over_a_longer_one_it_could_only_borrow():
+    pc = PrefixCache(max_entries=8)
+    earlier = make_cache(12, fill=1.0)
+    pc.put(list(range(12)), earlier, committed=12)  # an earlier run of the same tokens, and more
+    own = make_cache(6)
+    pc.put(list(range(6)), own, committed=6)  # this request's, after its last step
+    # its next step computes token 6: both offer the 6 positions it can use, and its own is taken, not a view lent
+    taken, n = pc.take(list(range(7)), limit=6)
+    assert taken is own and n == 6
+    assert len(pc) == 1  # the earlier run's entry stays for others
+
+
+def test_an_entry_that_a_later_one_extends_is_replaced_not_kept_twice():
+    pc = PrefixCache(max_entries=8)
+    pc.put(list(range(12)), make_cache(12))
+    pc.put([7, 8], make_cache(2))
+    pc.put(list(range(14)), make_cache(14))
+    assert sorted(len(e.tokens) for e in pc._entries.values()) == [2, 14]
+    assert pc.nbytes == 16 * BYTES_PER_TOKEN
+
+
+def test_a_repeated_prompt_keeps_one_entry_and_evicts_no_other(tiny_target):
+    # greedy, a repeated prompt runs through the tokens its earlier run left in the cache: every step could borrow
+    # the earlier entry's prefix, and each step's own entry was put beside it until the cache was full of them
+    eng = ReferenceEngine(tiny_target, device="cpu", cache_entries=8)
+    a, b = [0, 3, 4, 3, 5, 6, 7, 2, 8], [9, 10, 11, 1, 2]
+    first = eng.run(EngineRequest(list(a), output_len=12))
+    eng.run(EngineRequest(list(b), output_len=4))
+    again = eng.run(EngineRequest(list(a), output_len=12))
+    assert again.tokens == first.tokens and again.reused_tokens == len(a) - 1
+    assert len(eng.cache) == 2
+    assert eng.run(EngineRequest(list(b), output_len=4)).reused_tokens == len(b) - 1
+
+
 @pytest.fixture(scope="module")
 def engines(tiny_target):
     threads = torch.get_num_threads()

@@ -1,4 +1,5 @@
-"""Runs the benchmark: every cell (concurrency x draft length k), warm-ups first, then N streamed requests
+"""Runs the benchmark: every cell (concurrency x draft length k), warm-ups first (with every prompt once through
+each endpoint, so that no cell meets a prompt first), then N streamed requests
 (or, with ``stream`` false, requests answered whole) sent by a fixed number of client threads (a closed loop: each thread sends its next request as soon as the
 previous one has finished). With ``rounds`` > 1 the cells of a concurrency take turns: each runs its requests in
 that many rounds, in A-B-B-A order, and its throughput is its tokens over the sum of its rounds' time.
@@ -507,6 +508,16 @@ def _run_phase(
     return sorted(out, key=lambda r: r.index)
 
 
+def priming_cells(group: Sequence[Cell]) -> list[Cell]:
+    """The cells that send every prompt once before a concurrency's measured requests: one per endpoint, the
+    speculative one drafting the most (its draft engine sees the prompts too)."""
+    by_endpoint: dict[str, Cell] = {}
+    for cell in group:
+        if cell.endpoint not in by_endpoint or cell.k > by_endpoint[cell.endpoint].k:
+            by_endpoint[cell.endpoint] = cell
+    return list(by_endpoint.values())
+
+
 def measured_schedule(settings: BenchSettings, group: Sequence[Cell]) -> list[tuple[Cell, range]]:
     """The measured phases of one concurrency's cells, in run order: each cell's request indices split into
     ``rounds_at`` rounds, the cells taking turns A-B-B-A so that every cell's mean position in the sequence is
@@ -551,10 +562,13 @@ def run_bench(settings: BenchSettings, prompts: Sequence[Prompt], progress: Prog
     if sampler is not None:
         sampler.start()
     runs: dict[Cell, CellRun] = {}
-    progress.begin(len(cells) * (settings.warmup + settings.requests_per_cell))
+    measured_prompts = list({p.text: p for p in (prompts[i % len(prompts)]
+                                                 for i in range(settings.requests_per_cell))}.values())
+    groups = [[c for c in cells if c.concurrency == n] for n in sorted({c.concurrency for c in cells})]
+    priming = sum(len(priming_cells(g)) for g in groups) * len(measured_prompts) if settings.warmup else 0
+    progress.begin(len(cells) * (settings.warmup + settings.requests_per_cell) + priming)
     try:
-        for concurrency in sorted({c.concurrency for c in cells}):
-            group = [c for c in cells if c.concurrency == concurrency]
+        for group in groups:
             for cell in group:
                 warm: list[RequestRecord] = []
                 if settings.warmup:
@@ -565,6 +579,18 @@ def run_bench(settings: BenchSettings, prompts: Sequence[Prompt], progress: Prog
                     warm = _run_phase(settings, cell, items, True, progress.advance)
                     _all_failed(warm, cell, "warm-up")
                 runs[cell] = CellRun(cell, [], warm, [])
+            # The prompts the cells will send, once each through every endpoint first: otherwise the cell that sends
+            # a prompt first meets it cold, and every later cell finds it in the engine's prefix cache (TensorRT-LLM's
+            # KV cache reuse; the target engine is shared by both endpoints). With A-B-B-A rounds those are the
+            # first and the last cell of a concurrency, the baseline among them.
+            for cell in priming_cells(group) if settings.warmup else ():
+                progress.cell(cell, True)
+                if sampler is not None:
+                    sampler.mark(f"{cell.label} warm-up: every prompt once")
+                items = [(settings.warmup + i, p) for i, p in enumerate(measured_prompts)]
+                warm = _run_phase(settings, cell, items, True, progress.advance)
+                _all_failed(warm, cell, "warm-up")
+                runs[cell].warmups.extend(warm)
             for cell, indices in measured_schedule(settings, group):
                 progress.cell(cell, False)
                 if sampler is not None:

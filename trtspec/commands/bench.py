@@ -166,7 +166,10 @@ def bench_and_report(settings: Any, prompts: Sequence[Any], output: Path, show_p
 @click.option("--requests", "requests_per_cell", type=click.IntRange(min=1), default=16, show_default=True,
               help="Measured requests per cell (prompts are reused in order when there are fewer).")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
-              help="Warm-up requests per cell, sent first and excluded from every figure.")
+              help="Warm-up requests per cell, sent first and excluded from every figure. With any, the prompts "
+                   "the cells will send also go once through each endpoint before a concurrency's measured "
+                   "requests: otherwise the first cell to send a prompt meets it cold and the others find it in "
+                   "the prefix cache (KV cache reuse).")
 @click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
               help="Interleave the cells of each concurrency: each runs its --requests in this many rounds, "
                    "taking turns in A-B-B-A order, so a machine that gets slower or faster during the run "

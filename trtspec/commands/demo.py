@@ -168,7 +168,8 @@ def _bench(part: Part, ep: Any, pids: list[int], cfg: Any, output: Path) -> dict
     how = f"draft_source {part.draft_source or cfg.speculative.draft_source}, {part.draft_length_policy}"
     fixed = f"; fixed k tried: 0 (target-only), {', '.join(map(str, settings.fixed_k))}" if settings.fixed_k else ""
     console.print(f"  [dim]{len(prompts)} {'/'.join(part.kinds)} prompts, {part.requests} requests per cell "
-                  f"+ 1 warm-up, max_tokens {part.max_tokens}, {how}{fixed}[/]")
+                  f"+ 1 warm-up (and each prompt once through each endpoint first), max_tokens {part.max_tokens}, "
+                  f"{how}{fixed}[/]")
     return bench_and_report(settings, prompts, output)
 
 

@@ -180,8 +180,9 @@ class ReferenceEngine:
         """The segment that computes what `tokens` adds to its longest cached prefix (the cache taken out of
         the prefix cache), and how many tokens the cache served (at most `max_reuse`: the EAGLE-3 head needs the
         features of every position its own cache lacks; `capture`: keep those features)."""
-        cache, reuse = self.cache.take(tokens)
-        reuse = min(reuse, len(tokens) - need_logits, len(tokens) if max_reuse is None else max_reuse)
+        limit = min(len(tokens) - need_logits, len(tokens) if max_reuse is None else max_reuse)
+        cache, reuse = self.cache.take(tokens, limit)
+        reuse = min(reuse, limit)
         if cache is None or reuse == 0:
             cache, reuse = new_cache(self.model.config), 0
         elif cache.get_seq_length() > reuse:

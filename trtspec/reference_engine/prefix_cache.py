@@ -117,16 +117,25 @@ class PrefixCache:
         self._entries: "OrderedDict[int, _Entry]" = OrderedDict()
         self._next = 0
 
-    def take(self, tokens: Sequence[int]) -> tuple[Any | None, int]:
-        best_key, best_len = None, 0
+    def take(self, tokens: Sequence[int], limit: int | None = None) -> tuple[Any | None, int]:
+        """The cache for `tokens` and how many of its positions they share. `limit`: the most positions the caller
+        uses (a step computes at least its last token); an entry sharing more is no better than one sharing that
+        many, and on a tie the sequence's own entry (one it continues, taken rather than lent) wins. Otherwise an
+        earlier run of the same sequence (a repeated prompt, greedy), whose entry holds tokens still to come, would
+        lend each step its prefix, and each step's own entry would be put beside it: a request's 48 steps filled
+        16 entries and evicted every other prompt."""
+        best_key, best_len, best_own = None, 0, False
         for key, entry in self._entries.items():
             n = _common_prefix(entry.tokens, tokens)
-            if n > best_len:
-                best_key, best_len = key, n
+            own = n >= entry.committed
+            usable = n if limit is None else min(n, limit)
+            best_usable = best_len if limit is None else min(best_len, limit)
+            if usable > best_usable or (usable == best_usable and usable > 0 and own and not best_own):
+                best_key, best_len, best_own = key, n, own
         if best_key is None:
             return None, 0
         entry = self._entries[best_key]
-        if best_len >= entry.committed:
+        if best_own:
             del self._entries[best_key]
             self.nbytes -= entry.nbytes
             return entry.cache, best_len
@@ -135,10 +144,18 @@ class PrefixCache:
 
     def put(self, tokens: list[int], cache: Any, committed: int | None = None) -> None:
         size = cache_nbytes(cache)
+        # an entry whose committed tokens this one extends offers nothing this one does not but the KV of drafts it
+        # verified (TensorRT-LLM keeps one copy of a block, and none of a rejected draft): a repeated prompt replaces
+        # its earlier run's entry instead of holding a second copy of it
+        stale = [key for key, e in self._entries.items()
+                 if 0 < e.committed <= len(tokens) and e.tokens[e.committed - 1] == tokens[e.committed - 1]
+                 and e.tokens[: e.committed] == tokens[: e.committed]]
+        for key in stale:
+            self.nbytes -= self._entries.pop(key).nbytes
         self._entries[self._next] = _Entry(tokens, len(tokens) if committed is None else committed, cache, size)
         self._next += 1
         self.nbytes += size
-        evicted = False
+        evicted = bool(stale)
         while self._entries and (
             len(self._entries) > self.max_entries or (self.max_bytes is not None and self.nbytes > self.max_bytes)
         ):
