@@ -35,6 +35,22 @@ def _tensors() -> dict[str, torch.Tensor]:
     return load_file(str(EAGLE3_ASSET_DIR / eagle3.TENSORS_FILE))
 
 
+
+def test_head_store_keeps_one_entry_per_sequence_not_one_per_call():
+    # a repeated prompt's calls each borrow its earlier run's longer entry; each call's own entry used to be put
+    # beside it, until the store held nothing else
+    store = eagle3.HeadStore(4)
+    state = lambda n: eagle3.HeadState(torch.zeros(1, n, 2), torch.zeros(1, n, 2))  # noqa: E731
+    other = [7, 7, 7]
+    store.put(other, state(2))
+    store.put([1, 2, 3, 4, 5, 6], state(5))  # the earlier run
+    for n in (3, 4, 5):  # the calls of the repeat
+        assert store.take([1, 2, 3, 4, 5, 6][:n]).length == n - 1
+        store.put([1, 2, 3, 4, 5, 6][:n], state(n - 1))
+    store.put([1, 2, 3, 4, 5, 6, 8], state(6))
+    assert len(store) == 2  # the repeat's last call's (it extends the earlier run's) and the other prompt's
+    assert store.take(other + [9]).length == 2
+
 def test_checkpoint_has_the_layout_the_loaders_read():
     cfg = json.loads((EAGLE3_ASSET_DIR / eagle3.CONFIG_FILE).read_text())
     assert cfg["architectures"] == [eagle3.ARCHITECTURE]
