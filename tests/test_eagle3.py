@@ -35,7 +35,6 @@ def _tensors() -> dict[str, torch.Tensor]:
     return load_file(str(EAGLE3_ASSET_DIR / eagle3.TENSORS_FILE))
 
 
-
 def test_head_store_keeps_one_entry_per_sequence_not_one_per_call():
     # a repeated prompt's calls each borrow its earlier run's longer entry; each call's own entry used to be put
     # beside it, until the store held nothing else
@@ -50,6 +49,7 @@ def test_head_store_keeps_one_entry_per_sequence_not_one_per_call():
     store.put([1, 2, 3, 4, 5, 6, 8], state(6))
     assert len(store) == 2  # the repeat's last call's (it extends the earlier run's) and the other prompt's
     assert store.take(other + [9]).length == 2
+
 
 def test_checkpoint_has_the_layout_the_loaders_read():
     cfg = json.loads((EAGLE3_ASSET_DIR / eagle3.CONFIG_FILE).read_text())

@@ -332,9 +332,9 @@ class HeadStore:
     def put(self, tokens: list[int], state: HeadState) -> None:
         # an entry for a prefix of these tokens holds nothing this one does not: a repeated prompt's calls, which
         # borrow its earlier run's longer entry, would each leave one beside it and evict every other prompt's
-        stale = [key for key, (toks, _) in self._entries.items()
-                 if len(toks) <= len(tokens) and toks[-1:] == tokens[len(toks) - 1 : len(toks)]
-                 and toks == tokens[: len(toks)]]
+        from trtspec.reference_engine.prefix_cache import same_prefix
+
+        stale = [key for key, (toks, _) in self._entries.items() if same_prefix(toks, tokens, len(toks))]
         for key in stale:
             del self._entries[key]
         self._entries[self._next] = (list(tokens), state)

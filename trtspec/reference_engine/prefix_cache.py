@@ -124,14 +124,13 @@ class PrefixCache:
         earlier run of the same sequence (a repeated prompt, greedy), whose entry holds tokens still to come, would
         lend each step its prefix, and each step's own entry would be put beside it: a request's 48 steps filled
         16 entries and evicted every other prompt."""
-        best_key, best_len, best_own = None, 0, False
+        cap = len(tokens) if limit is None else limit
+        best_key, best_len, best_usable, best_own = None, 0, 0, False
         for key, entry in self._entries.items():
             n = _common_prefix(entry.tokens, tokens)
-            own = n >= entry.committed
-            usable = n if limit is None else min(n, limit)
-            best_usable = best_len if limit is None else min(best_len, limit)
+            own, usable = n >= entry.committed, min(n, cap)
             if usable > best_usable or (usable == best_usable and usable > 0 and own and not best_own):
-                best_key, best_len, best_own = key, n, own
+                best_key, best_len, best_usable, best_own = key, n, usable, own
         if best_key is None:
             return None, 0
         entry = self._entries[best_key]
@@ -147,9 +146,7 @@ class PrefixCache:
         # an entry whose committed tokens this one extends offers nothing this one does not but the KV of drafts it
         # verified (TensorRT-LLM keeps one copy of a block, and none of a rejected draft): a repeated prompt replaces
         # its earlier run's entry instead of holding a second copy of it
-        stale = [key for key, e in self._entries.items()
-                 if 0 < e.committed <= len(tokens) and e.tokens[e.committed - 1] == tokens[e.committed - 1]
-                 and e.tokens[: e.committed] == tokens[: e.committed]]
+        stale = [key for key, e in self._entries.items() if same_prefix(e.tokens, tokens, e.committed)]
         for key in stale:
             self.nbytes -= self._entries.pop(key).nbytes
         self._entries[self._next] = _Entry(tokens, len(tokens) if committed is None else committed, cache, size)
@@ -167,6 +164,12 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def same_prefix(a: list[int], b: list[int], n: int) -> bool:
+    """Whether `a` and `b` both hold `n` tokens (n > 0) and agree on them: token n - 1 first, where cached sequences
+    that differ mostly do, before slices that copy both (a cache's put checks every entry this way)."""
+    return 0 < n <= min(len(a), len(b)) and a[n - 1] == b[n - 1] and a[:n] == b[:n]
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
