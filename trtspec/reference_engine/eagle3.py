@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from trtspec.checkpoint import default_capture_layers
+from trtspec.reference_engine.prefix_cache import _common_prefix, same_prefix
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 CONFIG_FILE = "config.json"
@@ -313,8 +314,6 @@ class HeadStore:
         self._next = 0
 
     def take(self, tokens: Sequence[int]) -> HeadState:
-        from trtspec.reference_engine.prefix_cache import _common_prefix
-
         best, best_len = None, 0
         for key, (toks, _) in self._entries.items():
             n = _common_prefix(toks, tokens)
@@ -332,8 +331,6 @@ class HeadStore:
     def put(self, tokens: list[int], state: HeadState) -> None:
         # an entry for a prefix of these tokens holds nothing this one does not: a repeated prompt's calls, which
         # borrow its earlier run's longer entry, would each leave one beside it and evict every other prompt's
-        from trtspec.reference_engine.prefix_cache import same_prefix
-
         stale = [key for key, (toks, _) in self._entries.items() if same_prefix(toks, tokens, len(toks))]
         for key in stale:
             del self._entries[key]
